@@ -1,0 +1,44 @@
+# maxtext-compat: `make demo` (set up + main job) and `make test` (set up + every test).
+# Environments live in .envs/ (gitignored) and are rebuilt from uv's cache in seconds.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+UV_VERSION := 0.13.9
+TOOLS := .tools
+DEV := .envs/dev
+MC := $(DEV)/bin/maxtext-compat
+
+UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
+
+.PHONY: help setup envs demo test unit lint bench clean
+
+help:
+	@echo "make demo   - set up, then run the main job"
+	@echo "make test   - set up, then run every test in every environment (writes build/compat-report.md)"
+
+$(TOOLS)/bin/uv:
+	python3 -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(DEV)/.ok: pyproject.toml | $(UV)
+	$(UV) venv --quiet --allow-existing --python "$$(tools/find-python.sh)" $(DEV)
+	$(UV) pip install --quiet --python $(DEV)/bin/python -e '.[dev]'
+	touch $@
+
+setup: $(DEV)/.ok
+
+envs: setup
+	PATH="$(dir $(UV)):$$PATH" $(MC) envs build
+
+lint: setup
+	$(DEV)/bin/ruff check src tests benchmarks
+	$(DEV)/bin/ruff format --check src tests benchmarks
+
+demo: envs
+	@for env in $$($(MC) envs --json | $(DEV)/bin/python -c 'import json,sys; print(" ".join(e["name"] for e in json.load(sys.stdin) if e["maxtext"]))'); do \
+	  echo "=== $$env"; .envs/$$env/bin/maxtext-compat doctor; done
+
+test: envs lint
+	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build
+
+clean:
+	rm -rf .envs $(TOOLS) build

@@ -1,0 +1,49 @@
+"""maxtext-compat: call any MaxText release with either call convention and serve it with vLLM.
+
+`import maxtext_compat` is deliberately light: it imports neither jax nor MaxText. Heavy
+pieces (adapters, shims, the paged KV cache) load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from maxtext_compat._version import __version__
+from maxtext_compat.errors import (
+    CompatError,
+    IncompatibleVersionsError,
+    InvalidArgumentError,
+    MatrixError,
+    ResolutionError,
+    UnknownReleaseWarning,
+)
+
+if TYPE_CHECKING:
+    from maxtext_compat.matrix import CompatMatrix
+    from maxtext_compat.resolver import Resolution
+
+__all__ = [
+    "CompatError",
+    "IncompatibleVersionsError",
+    "InvalidArgumentError",
+    "MatrixError",
+    "ResolutionError",
+    "UnknownReleaseWarning",
+    "__version__",
+    "load_matrix",
+    "resolve",
+]
+
+
+def resolve(versions: dict[str, str] | None = None, **kwargs: Any) -> Resolution:
+    """Match installed (versions=None) or given versions to compat_matrix.yaml rows."""
+    from maxtext_compat.resolver import resolve as _resolve
+
+    return _resolve(versions, **kwargs)
+
+
+def load_matrix(path: str | None = None) -> CompatMatrix:
+    """Load and validate compat_matrix.yaml (or `path`)."""
+    from maxtext_compat.matrix import load_matrix as _load
+
+    return _load(path)

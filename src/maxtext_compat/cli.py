@@ -1,0 +1,156 @@
+"""The `maxtext-compat` command line: doctor, resolve, envs, matrix.
+
+Why thin: every command is a view over library functions (doctor.collect, resolve,
+envs.build, testmatrix.run_matrix) so what the CLI prints is what the tests assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+
+from maxtext_compat.errors import CompatError
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from maxtext_compat import doctor
+
+    report = doctor.collect(strict=args.strict)
+    print(json.dumps(report, indent=2) if args.json else doctor.render(report))
+    return 1 if "error" in report else 0
+
+
+def _cmd_resolve(args: argparse.Namespace) -> int:
+    from maxtext_compat.resolver import resolve
+
+    versions = {
+        k: v
+        for k, v in (("maxtext", args.maxtext), ("tpu-inference", args.tpu_inference), ("vllm", args.vllm),
+                     ("jax", args.jax))
+        if v
+    }  # fmt: skip
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = resolve(versions, probe=False)
+    data = res.as_dict()
+    data["warnings"] = [str(w.message) for w in seen]
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(
+        f"maxtext {data['maxtext']} ({data['maxtext_match']}): convention {data['convention']}, "
+        f"import root {data['import_root']}, default decoder {data['default_decoder']}"
+    )
+    form = data["rpa_call_form"]
+    if form:
+        print(
+            f"tpu-inference {data['tpu_inference']}: RPA {form['form']} {form['module']}.{form['function']}"
+            f"({', '.join(form['factory_params'] or form['params'])}) kwargs={form['kwargs']}; "
+            f"model returns a {data['model_return_arity']}-tuple"
+        )
+    for w in data["warnings"]:
+        print(f"warning: {w}")
+    return 0
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from maxtext_compat import envs
+    from maxtext_compat.matrix import load_matrix
+
+    m = load_matrix()
+    if args.action == "build":
+        envs.build_all(args.names or None, matrix=m, force=args.force)
+        return 0
+    if args.action == "python":
+        if len(args.names) != 1:
+            raise CompatError(
+                "`envs python` takes exactly one environment name",
+                argument="names",
+                found=args.names,
+                fix="e.g. `maxtext-compat envs python maxtext-0.2.5`",
+            )
+        m.environment(args.names[0])
+        print(envs.env_python(args.names[0]))
+        return 0
+    rows = []
+    for spec in m.environments.values():
+        st = envs.status(spec)
+        rows.append(
+            {
+                "name": spec.name,
+                "maxtext": spec.maxtext,
+                "built": st.built,
+                "up_to_date": st.up_to_date,
+                "path": st.path,
+                "serving": spec.serving,
+                "description": spec.description,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        state = (
+            "built, up to date" if r["up_to_date"] else ("built, STALE (spec changed)" if r["built"] else "not built")
+        )
+        print(f"{r['name']:<22} maxtext {r['maxtext'] or '-':<6} {state:<28} {r['path']}")
+    return 0
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from maxtext_compat import testmatrix
+
+    results = testmatrix.run_matrix(args.names or None, pytest_args=args.pytest_args, build=not args.no_build)
+    print()
+    print(testmatrix.render_table(results))
+    print("report: build/compat-report.md, build/compat-report.json")
+    print(testmatrix.closing_line(results))
+    return testmatrix.main_exit_code(results)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="maxtext-compat", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("doctor", help="installed versions, resolved row, probes, active patches")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--strict", action="store_true", help="a probe mismatch is an error")
+    d.set_defaults(func=_cmd_doctor)
+
+    r = sub.add_parser("resolve", help="the matrix's decision for a hypothetical combination")
+    r.add_argument("--maxtext", required=True)
+    r.add_argument("--tpu-inference", dest="tpu_inference")
+    r.add_argument("--vllm")
+    r.add_argument("--jax")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=_cmd_resolve)
+
+    e = sub.add_parser("envs", help="the matrix's environments: list, build, python")
+    e.add_argument("action", nargs="?", default="list", choices=["list", "build", "python"])
+    e.add_argument("names", nargs="*")
+    e.add_argument("--force", action="store_true")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_cmd_envs)
+
+    mx = sub.add_parser("matrix", help="run the test suite inside every environment and write the report")
+    mx.add_argument("names", nargs="*")
+    mx.add_argument("--no-build", action="store_true")
+    mx.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
+    mx.set_defaults(func=_cmd_matrix)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CompatError as exc:
+        print(f"maxtext-compat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""`maxtext-compat doctor`: what is installed, what the matrix decides, and what would not work.
+
+Why a separate module: the CLI prints it, the demo shows a summary, and tests assert on
+the data, so the report is built as plain data first and rendered second.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from maxtext_compat.errors import CompatError
+from maxtext_compat.matrix import CompatMatrix, load_matrix
+from maxtext_compat.resolver import Resolution, resolve
+
+
+def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict[str, Any]:
+    """Gather the doctor report as JSON-ready data (never imports jax or MaxText)."""
+    m = matrix if matrix is not None else load_matrix()
+    report: dict[str, Any] = {
+        "matrix": {
+            "path": m.source,
+            "schema_version": m.schema_version,
+            "maxtext_rows": [r.name for r in m.maxtext],
+            "tpu_inference_rows": [str(r.versions) for r in m.tpu_inference],
+        }
+    }
+    caught: list[str] = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            res = resolve(matrix=m, strict=strict)
+        except CompatError as exc:
+            report["error"] = {"type": type(exc).__name__, "message": str(exc)}
+            res = None
+    caught = [str(w.message) for w in seen]
+    report["warnings"] = caught
+    if res is not None:
+        report["resolution"] = res.as_dict()
+        report["skipped"] = _would_skip(res, m)
+    report["active_patches"] = _active_patches()
+    report["side_effects"] = side_effects()
+    return report
+
+
+def _active_patches() -> list[dict[str, Any]]:
+    from maxtext_compat.shims.registry import active_patches
+
+    return [p.as_dict() for p in active_patches()]
+
+
+def _would_skip(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
+    """Features that will not work with this install, each with the reason and the fix."""
+    out: list[dict[str, str]] = []
+    v = res.versions
+    if "maxtext" not in v:
+        out.append({
+            "feature": "adapters and shims",
+            "reason": "MaxText is not installed",
+            "fix": "pip install maxtext (see compat_matrix.yaml environments for working pins)",
+        })  # fmt: skip
+    if "tpu_inference" not in v:
+        out.append({
+            "feature": "new-call path (kv_cache / attention_metadata) through ragged paged attention",
+            "reason": "tpu-inference is not installed",
+            "fix": "install tpu-inference and vllm-tpu (e.g. the maxtext-0.1.0-jax011 or maxtext-0.2.5 environment)",
+        })  # fmt: skip
+    if "vllm" not in v:
+        out.append({
+            "feature": "vLLM plugin and `maxtext-compat serve`",
+            "reason": "vllm-tpu is not installed",
+            "fix": "install vllm-tpu matching tpu-inference",
+        })  # fmt: skip
+    jax = v.get("jax")
+    if jax is not None and "tpu_inference" in v and jax.version not in m.cpu_shim.verified_jax:
+        out.append({
+            "feature": "CPU shim for the RPA kernel (interpret mode)",
+            "reason": f"jax {jax.version} is not in the verified list {list(m.cpu_shim.verified_jax)}",
+            "fix": "use a verified jax, or install the shim with force=True at your own risk",
+        })  # fmt: skip
+    if jax is None:
+        out.append(
+            {
+                "feature": "everything that runs MaxText",
+                "reason": "jax is not installed",
+                "fix": "pip install jax",
+            }
+        )
+    return out
+
+
+def side_effects() -> dict[str, Any]:
+    """MaxText import side effects visible in this process (design note 7), without importing it."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    termination_log = Path("/dev/termination-log")
+    lax_patched = None
+    lax = sys.modules.get("jax.lax")
+    if lax is not None:
+        wsc = getattr(lax, "with_sharding_constraint", None)
+        lax_patched = bool(wsc is not None and "tunix" in (getattr(wsc, "__module__", "") or ""))
+    return {
+        "xla_dump_flags": "--xla_dump_to" in flags,
+        "xla_flags": flags,
+        "m_env_vars": sorted(k for k in os.environ if k.startswith("M_")),
+        "termination_log_file": termination_log.is_file(),
+        "jax_lax_patched_by_maxtext": lax_patched,
+        "maxtext_imported": any(name in sys.modules for name in ("maxtext", "MaxText")),
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    mtx = report["matrix"]
+    lines.append(
+        f"matrix: {mtx['path']} (schema {mtx['schema_version']}, {len(mtx['maxtext_rows'])} MaxText rows, "
+        f"{len(mtx['tpu_inference_rows'])} tpu-inference ranges)"
+    )
+    if "error" in report:
+        lines.append(f"ERROR {report['error']['type']}: {report['error']['message']}")
+    res = report.get("resolution")
+    if res:
+        lines.append("installed:")
+        for k, ver in res["versions"].items():
+            lines.append(f"  {k:<14} {ver}")
+        if not res["versions"]:
+            lines.append("  (none of maxtext, tpu-inference, vllm, jax, flax)")
+        if res["maxtext"]:
+            lines.append(
+                f"MaxText row {res['maxtext']} ({res['maxtext_match']}): convention {res['convention']}, "
+                f"import root {res['import_root']}, default decoder {res['default_decoder']}, "
+                f"deprecation policy {res['deprecation_policy']}"
+            )
+        form = res.get("rpa_call_form")
+        if form:
+            kw = ", ".join(form["kwargs"]) or "no optional kwargs"
+            lines.append(
+                f"tpu-inference row {res['tpu_inference']} ({res['tpu_inference_match']}): RPA {form['form']} "
+                f"{form['module']}.{form['function']} ({kw}); model returns a {res['model_return_arity']}-tuple"
+            )
+        probe = res.get("probe")
+        if probe:
+            good = sum(1 for f in probe["findings"] if f["ok"])
+            lines.append(f"probes ({probe['mode']}): {good}/{len(probe['findings'])} agree with the row")
+            for f in probe["findings"]:
+                if not f["ok"]:
+                    lines.append(f"  MISMATCH {f['check']}: matrix {f['expected']}, installed {f['found']}")
+        for note in res["notes"]:
+            lines.append(f"note: {note}")
+    patches = report["active_patches"]
+    lines.append(f"active patches: {len(patches) or 'none'}")
+    for p in patches:
+        lines.append(f"  {p['target']} <- {p['origin']} ({p['profile']})")
+    fx = report["side_effects"]
+    effects = []
+    if fx["xla_dump_flags"]:
+        effects.append("XLA_FLAGS holds an HLO dump (MaxText 0.2.5 pyconfig sets it when XLA_FLAGS is empty)")
+    if fx["m_env_vars"]:
+        effects.append(f"M_* variables {fx['m_env_vars']} (MaxText pyconfig reads or rejects them)")
+    if fx["termination_log_file"]:
+        effects.append("/dev/termination-log is a file (MaxText 0.2.x writes config errors there)")
+    if fx["jax_lax_patched_by_maxtext"]:
+        effects.append("jax.lax.with_sharding_constraint is MaxText's fallback wrapper (masks sharding errors)")
+    lines.append("side effects: " + ("; ".join(effects) if effects else "none detected"))
+    skipped = report.get("skipped") or []
+    if skipped:
+        lines.append("would be skipped:")
+        for s in skipped:
+            lines.append(f"  - {s['feature']}: {s['reason']} -> {s['fix']}")
+    for w in report["warnings"]:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""Typed errors and warnings of maxtext-compat.
+
+Every error says what was wrong (the argument or key), what was expected, what was
+found, and how to fix it, so a user never has to read our source to recover.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CompatError(Exception):
+    """Base class of every error raised by maxtext-compat."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        argument: str | None = None,
+        expected: Any = None,
+        found: Any = None,
+        fix: str | None = None,
+    ) -> None:
+        self.message = message
+        self.argument = argument
+        self.expected = expected
+        self.found = found
+        self.fix = fix
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts = [self.message.rstrip(".") + "."]
+        if self.argument is not None:
+            parts.insert(0, f"[{self.argument}]")
+        if self.expected is not None:
+            parts.append(f"Expected: {self.expected}.")
+        if self.found is not None:
+            parts.append(f"Found: {self.found}.")
+        if self.fix:
+            parts.append(f"Fix: {self.fix}")
+        return " ".join(parts)
+
+
+class MatrixError(CompatError, ValueError):
+    """compat_matrix.yaml is missing, malformed, or breaks the schema."""
+
+    def __init__(self, message: str, *, path: str, key: str = "", **kw: Any) -> None:
+        self.path = path
+        self.key = key
+        where = f"{path}: {key}" if key else path
+        super().__init__(message, argument=where, **kw)
+
+
+class ResolutionError(CompatError, LookupError):
+    """No matrix row fits the installed (or given) versions."""
+
+
+class IncompatibleVersionsError(ResolutionError):
+    """The matrix marks this combination of versions as incompatible."""
+
+
+class ProbeMismatchError(CompatError, RuntimeError):
+    """The installed MaxText behaves differently from its matrix row (strict mode)."""
+
+
+class InvalidArgumentError(CompatError, ValueError):
+    """A caller passed a value we cannot use or translate."""
+
+
+class InvalidArgumentTypeError(CompatError, TypeError):
+    """A caller passed a value of the wrong type."""
+
+
+class EnvironmentBuildError(CompatError, RuntimeError):
+    """A matrix environment could not be created."""
+
+
+class UnknownReleaseWarning(UserWarning):
+    """An installed release is not in the matrix; the nearest row is used."""
+
+
+class ProbeMismatchWarning(UserWarning):
+    """The installed MaxText disagrees with its matrix row (non-strict mode)."""

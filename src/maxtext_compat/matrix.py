@@ -1,0 +1,647 @@
+"""compat_matrix.yaml: the single source of truth, loaded and validated into typed rows.
+
+Why data and not code: which convention a MaxText release uses, which RPA call form a
+tpu-inference version wants, and which environments the project tests for real change
+with every upstream release. Keeping them in one validated file lets the runtime, the
+CLI and the test matrix read the same facts.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from maxtext_compat._yaml_reader import Node, safe_load_text
+from maxtext_compat.errors import MatrixError
+
+SCHEMA_VERSION = 1
+MATRIX_ENV_VAR = "MAXTEXT_COMPAT_MATRIX"
+
+Convention = Literal["legacy", "kv_return", "kv_scan_carry"]
+CONVENTIONS: tuple[str, ...] = ("legacy", "kv_return", "kv_scan_carry")
+POLICIES: tuple[str, ...] = ("ignore", "warn", "error")
+DECODER_KINDS: tuple[str, ...] = ("linen", "nnx")
+CALL_FORMS: tuple[str, ...] = ("curried", "flat")
+
+# The return shapes each layer kind has had; the matrix may only use these spellings.
+RETURN_SHAPES: dict[str, tuple[str, ...]] = {
+    "attention": ("out", "(out, kv_cache)"),
+    "decoder_layer": ("y", "(y, kv_cache)"),
+    "decoder_layer_scanned": ("(y, None)", "((y, stacked_kv, idx), None)"),
+    "decoder": ("(logits, hidden)", "(logits, hidden, kv_caches)"),
+    "transformer": ("logits",),
+    "transformer_vllm": ("(hidden, kv_caches)",),
+}
+# Optional parameters whose presence moved between releases.
+OPTIONAL_PARAMS: tuple[str, ...] = (
+    "page_state",
+    "out_sharding",
+    "rope_kwargs",
+    "shared_key",
+    "shared_value",
+    "kv_cache",
+    "attention_metadata",
+)
+CLASS_KEYS: tuple[str, ...] = (
+    "attention",
+    "attention_op",
+    "decoder",
+    "nnx_decoder",
+    "transformer",
+    "transformer_linen",
+)
+FAMILIES: tuple[str, ...] = ("default", "llama2", "qwen3", "gemma3")
+
+
+@dataclass(frozen=True)
+class ClassRef:
+    """A `module:Qualname` reference to a class inside an installed package."""
+
+    module: str
+    qualname: str
+
+    @classmethod
+    def parse(cls, text: str) -> ClassRef:
+        module, sep, qualname = text.partition(":")
+        if not sep or not module or not qualname or " " in text:
+            raise ValueError(f"{text!r} is not of the form 'package.module:ClassName'")
+        return cls(module, qualname)
+
+    def load(self) -> Any:
+        """Import the module and return the class (imports MaxText: heavy, has side effects)."""
+        obj: Any = importlib.import_module(self.module)
+        for part in self.qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+@dataclass(frozen=True)
+class Deprecation:
+    """What an old-convention call gets on this row, and until when."""
+
+    policy: str  # ignore | warn | error
+    since: str | None
+    ends_in: str | None
+    migration: str
+
+
+@dataclass(frozen=True)
+class KnownDefect:
+    """An upstream defect a shim can fix, with the reasoning a reviewer needs."""
+
+    id: str
+    summary: str
+    affects: tuple[str, ...]
+    why: str
+    how: str
+    undo: str
+
+
+@dataclass(frozen=True)
+class VllmPath:
+    """How this MaxText release reaches tpu-inference natively (None for 0.1.0)."""
+
+    attention_modes: tuple[str, ...]
+    rpa_module: str
+    rpa_call_form: str
+    serve_return_order: str
+    update_kv_cache_kwarg: bool
+    adapter: ClassRef
+    adapter_return_arity: int
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """Where a release keeps pyconfig and its YAML configs (tiny test models need them)."""
+
+    pyconfig: str
+    base_yml: str
+    base_yml_in_argv: bool
+    vllm_yml: str | None
+
+
+@dataclass(frozen=True)
+class MaxTextRow:
+    """One MaxText release on PyPI and the conventions it uses."""
+
+    release: Version
+    date: str
+    source_commit: str | None
+    import_root: str
+    convention: str
+    classes: Mapping[str, ClassRef | None]
+    decoder_layers: Mapping[str, ClassRef]
+    default_decoder: str
+    returns: Mapping[str, str | None]
+    attention_params: frozenset[str]
+    decoder_layer_params: frozenset[str]
+    decoder_params: frozenset[str]
+    scan_kv_carry: bool
+    scan_kv_carry_layers: tuple[str, ...]
+    vllm: VllmPath | None
+    config: ConfigSpec
+    tpu_inference: SpecifierSet | None
+    jax_verified: tuple[str, ...]
+    deprecation: Deprecation
+    known_defects: tuple[KnownDefect, ...]
+    notes: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.release)
+
+    @property
+    def has_kv_params(self) -> bool:
+        return "kv_cache" in self.attention_params
+
+
+@dataclass(frozen=True)
+class RpaSpec:
+    """The shape of tpu-inference's `sharded_ragged_paged_attention` entry point."""
+
+    module: str
+    function: str
+    call_form: str  # curried | flat
+    factory_params: tuple[str, ...]
+    params: tuple[str, ...]
+    optional_kwargs: tuple[str, ...]
+    returns: str
+
+
+@dataclass(frozen=True)
+class MetadataSpec:
+    module: str
+    cls: str
+    fields: tuple[str, ...]
+    meta_fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TpiRelease:
+    """One tpu-inference release on PyPI: the jax it pins and the vllm-tpu that pins it."""
+
+    version: str
+    jax: str
+    vllm_tpu: str | None
+
+
+@dataclass(frozen=True)
+class TpuInferenceRow:
+    """A range of tpu-inference versions that share one API shape."""
+
+    versions: SpecifierSet
+    releases: Mapping[str, TpiRelease]
+    rpa: RpaSpec
+    metadata: MetadataSpec
+    model_return_arity: int
+    block_sizes: tuple[str, ...]
+    notes: str = ""
+
+    def contains(self, version: str | Version) -> bool:
+        return self.versions.contains(str(version), prereleases=True)
+
+
+@dataclass(frozen=True)
+class CpuShimSpec:
+    verified_jax: tuple[str, ...]
+    verified_tpu_inference: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """A real environment the project builds and runs the suite in."""
+
+    name: str
+    description: str
+    python: str
+    maxtext: str | None
+    requirements: tuple[str, ...]
+    no_deps: tuple[str, ...]
+    overrides: tuple[str, ...]
+    exclude_newer: str | None
+    env: Mapping[str, str]
+    serving: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "python": self.python,
+            "maxtext": self.maxtext,
+            "requirements": list(self.requirements),
+            "no_deps": list(self.no_deps),
+            "overrides": list(self.overrides),
+            "exclude_newer": self.exclude_newer,
+            "env": dict(self.env),
+            "serving": self.serving,
+        }
+
+
+@dataclass(frozen=True)
+class CompatMatrix:
+    schema_version: int
+    source: str
+    maxtext: tuple[MaxTextRow, ...]
+    tpu_inference: tuple[TpuInferenceRow, ...]
+    cpu_shim: CpuShimSpec
+    environments: Mapping[str, EnvironmentSpec] = field(default_factory=dict)
+
+    def row(self, release: str | Version) -> MaxTextRow:
+        v = Version(str(release))
+        for r in self.maxtext:
+            if r.release == v:
+                return r
+        raise KeyError(f"MaxText {release} has no row in {self.source}")
+
+    def tpu_inference_row(self, version: str | Version) -> TpuInferenceRow | None:
+        for r in self.tpu_inference:
+            if r.contains(version):
+                return r
+        return None
+
+    def environment(self, name: str) -> EnvironmentSpec:
+        try:
+            return self.environments[name]
+        except KeyError:
+            raise MatrixError(
+                f"no environment named {name!r}",
+                path=self.source,
+                key="environments",
+                expected=f"one of {sorted(self.environments)}",
+                fix="pick a name from `maxtext-compat envs`",
+            ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def default_matrix_path() -> Path:
+    """Where the matrix lives: $MAXTEXT_COMPAT_MATRIX, the wheel's copy, or the repo root."""
+    override = os.environ.get(MATRIX_ENV_VAR)
+    if override:
+        return Path(override)
+    packaged = resources.files("maxtext_compat").joinpath("compat_matrix.yaml")
+    if packaged.is_file():
+        return Path(str(packaged))
+    repo_copy = Path(__file__).resolve().parents[2] / "compat_matrix.yaml"
+    return repo_copy
+
+
+def load_matrix(path: str | os.PathLike[str] | None = None) -> CompatMatrix:
+    """Load and validate a matrix file (cached per path and modification time)."""
+    p = Path(path) if path is not None else default_matrix_path()
+    try:
+        stat = p.stat()
+    except OSError:
+        raise MatrixError(
+            "compat matrix file not found",
+            path=str(p),
+            fix=f"set {MATRIX_ENV_VAR} to an existing file, or reinstall maxtext-compat",
+        ) from None
+    return _load_cached(str(p), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, _mtime: int, _size: int) -> CompatMatrix:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MatrixError(f"cannot read the file: {exc}", path=path, fix="check the file") from None
+    return parse_matrix(text, path)
+
+
+def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
+    """Parse matrix YAML text; raises MatrixError naming the key on any problem."""
+    doc = Node(safe_load_text(text, path), "", path)
+    doc.mapping()
+    doc.only_keys({"schema_version", "maxtext", "tpu_inference", "cpu_shim", "environments"})
+    version = doc.child("schema_version").integer()
+    if version != SCHEMA_VERSION:
+        raise doc.child("schema_version").error(
+            "unsupported schema version",
+            expected=SCHEMA_VERSION,
+            fix="use a matrix written for this maxtext-compat release, or upgrade maxtext-compat",
+        )
+    rows = tuple(_parse_row(n) for n in doc.child("maxtext").elements())
+    if not rows:
+        raise doc.child("maxtext").error("must list at least one MaxText release", expected="a non-empty list")
+    _check_unique([r.name for r in rows], doc.child("maxtext"), "release")
+    tpi = tuple(_parse_tpi(n) for n in doc.child("tpu_inference").elements())
+    _check_disjoint(tpi, doc.child("tpu_inference"))
+    shim = _parse_cpu_shim(doc.child("cpu_shim"))
+    envs_node = doc.child("environments")
+    envs: dict[str, EnvironmentSpec] = {}
+    releases = {r.name for r in rows}
+    for name, n in envs_node.items():
+        spec = _parse_env(name, n)
+        if spec.maxtext is not None and spec.maxtext not in releases:
+            raise n.child("maxtext").error(
+                "names a MaxText release without a row", expected=f"one of {sorted(releases)} or null"
+            )
+        envs[name] = spec
+    return CompatMatrix(version, path, rows, tpi, shim, envs)
+
+
+def _check_unique(names: list[str], node: Node, what: str) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise node.error(f"lists {what} {n!r} twice", fix=f"keep one entry per {what}")
+        seen.add(n)
+
+
+def _check_disjoint(rows: tuple[TpuInferenceRow, ...], node: Node) -> None:
+    bounds = {Version(s.version) for r in rows for s in r.versions if _is_version(s.version)}
+    # Probe each boundary and just past it: two overlapping intervals always share such a point.
+    probes = sorted(bounds | {_just_after(b) for b in bounds})
+    for v in probes:
+        hits = [str(r.versions) for r in rows if r.contains(v)]
+        if len(hits) > 1:
+            raise node.error(
+                f"version ranges overlap at {v}: {hits}",
+                fix="make the tpu_inference `versions` ranges disjoint",
+            )
+
+
+def _just_after(v: Version) -> Version:
+    release = v.release + (0,) * (3 - len(v.release))
+    return Version(".".join(map(str, (*release, 1))))
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except Exception:
+        return False
+    return True
+
+
+_ROW_KEYS = {
+    "release", "date", "source_commit", "import_root", "convention", "classes", "decoder_layers",
+    "default_decoder", "returns", "params", "scan_kv_carry", "scan_kv_carry_layers", "vllm", "config",
+    "requires", "jax_verified", "deprecation", "known_defects", "notes",
+}  # fmt: skip
+
+
+def _parse_row(n: Node) -> MaxTextRow:
+    n.only_keys(_ROW_KEYS)
+    release = n.child("release").parsed(Version, "a PEP 440 version")
+    root = n.child("import_root").choice(("MaxText", "maxtext"))
+    classes_node = n.child("classes")
+    classes_node.only_keys(set(CLASS_KEYS))
+    classes: dict[str, ClassRef | None] = {}
+    for key in CLASS_KEYS:
+        c = classes_node.child(key)
+        classes[key] = None if c.value is None else c.parsed(ClassRef.parse, "a 'module:Class' reference")
+    if classes["attention"] is None or classes["transformer"] is None:
+        raise classes_node.error("attention and transformer must name classes")
+    if classes["decoder"] is None and classes["nnx_decoder"] is None:
+        raise classes_node.error("at least one of decoder / nnx_decoder must name a class")
+    layers_node = n.child("decoder_layers")
+    layers_node.only_keys(set(FAMILIES))
+    layers = {fam: ln.parsed(ClassRef.parse, "a 'module:Class' reference") for fam, ln in layers_node.items()}
+    for ref in [*classes.values(), *layers.values()]:
+        if ref is not None and ref.module.split(".")[0] != root:
+            raise n.child("classes").error(
+                f"{ref} is outside the import root {root!r}", fix="fix import_root or the class path"
+            )
+    returns_node = n.child("returns")
+    returns_node.only_keys(set(RETURN_SHAPES))
+    returns: dict[str, str | None] = {}
+    for kind, allowed in RETURN_SHAPES.items():
+        r = returns_node.child(kind)
+        returns[kind] = None if r.value is None else r.choice(allowed)
+    params_node = n.child("params")
+    params_node.only_keys({"attention", "decoder_layer", "decoder"})
+    params = {k: frozenset(_param_list(params_node.child(k))) for k in ("attention", "decoder_layer", "decoder")}
+    convention = n.child("convention").choice(CONVENTIONS)
+    has_kv = "kv_cache" in params["attention"]
+    if (convention == "legacy") == has_kv:
+        raise n.child("convention").error(
+            "disagrees with params.attention (kv_cache present means a post-#2616 convention)"
+        )
+    vllm_node = n.optional("vllm")
+    vllm = _parse_vllm(vllm_node) if vllm_node is not None else None
+    requires = n.child("requires")
+    requires.only_keys({"tpu_inference"})
+    tpi_req = requires.optional("tpu_inference")
+    return MaxTextRow(
+        release=release,
+        date=n.child("date").nonempty_string(),
+        source_commit=None if n.optional("source_commit") is None else n.child("source_commit").nonempty_string(),
+        import_root=root,
+        convention=convention,
+        classes=classes,
+        decoder_layers=layers,
+        default_decoder=n.child("default_decoder").choice(DECODER_KINDS),
+        returns=returns,
+        attention_params=params["attention"],
+        decoder_layer_params=params["decoder_layer"],
+        decoder_params=params["decoder"],
+        scan_kv_carry=n.child("scan_kv_carry").boolean(),
+        scan_kv_carry_layers=n.child("scan_kv_carry_layers").string_list()
+        if n.optional("scan_kv_carry_layers")
+        else (),
+        vllm=vllm,
+        config=_parse_config(n.child("config")),
+        tpu_inference=None if tpi_req is None else tpi_req.parsed(SpecifierSet, "a version specifier"),
+        jax_verified=n.child("jax_verified").string_list(),
+        deprecation=_parse_deprecation(n.child("deprecation")),
+        known_defects=tuple(_parse_defect(d) for d in n.child("known_defects").elements())
+        if n.optional("known_defects")
+        else (),
+        notes=n.child("notes").string() if n.optional("notes") else "",
+    )
+
+
+def _param_list(n: Node) -> list[str]:
+    out = list(n.string_list())
+    for p in out:
+        if p not in OPTIONAL_PARAMS:
+            raise n.error(f"unknown optional parameter {p!r}", expected=f"names from {list(OPTIONAL_PARAMS)}")
+    return out
+
+
+def _parse_vllm(n: Node) -> VllmPath:
+    n.only_keys({
+        "attention_modes", "rpa_module", "rpa_call_form", "serve_return_order", "update_kv_cache_kwarg",
+        "adapter", "adapter_return_arity",
+    })  # fmt: skip
+    arity = n.child("adapter_return_arity").integer()
+    if arity not in (3, 4):
+        raise n.child("adapter_return_arity").error("must be 3 or 4", expected="3 or 4")
+    return VllmPath(
+        attention_modes=n.child("attention_modes").string_list(),
+        rpa_module=n.child("rpa_module").nonempty_string(),
+        rpa_call_form=n.child("rpa_call_form").choice(CALL_FORMS),
+        serve_return_order=n.child("serve_return_order").choice(("(kv, out)", "(out, kv)")),
+        update_kv_cache_kwarg=n.child("update_kv_cache_kwarg").boolean(),
+        adapter=n.child("adapter").parsed(ClassRef.parse, "a 'module:Class' reference"),
+        adapter_return_arity=arity,
+    )
+
+
+def _parse_config(n: Node) -> ConfigSpec:
+    n.only_keys({"pyconfig", "base_yml", "base_yml_in_argv", "vllm_yml"})
+    vy = n.optional("vllm_yml")
+    return ConfigSpec(
+        pyconfig=n.child("pyconfig").nonempty_string(),
+        base_yml=n.child("base_yml").nonempty_string(),
+        base_yml_in_argv=n.child("base_yml_in_argv").boolean(),
+        vllm_yml=None if vy is None else vy.nonempty_string(),
+    )
+
+
+def _parse_deprecation(n: Node) -> Deprecation:
+    n.only_keys({"policy", "since", "ends_in", "migration"})
+    policy = n.child("policy").choice(POLICIES)
+    since = n.optional("since")
+    ends = n.optional("ends_in")
+    if policy != "ignore" and ends is None:
+        raise n.error(
+            f"policy {policy!r} needs `ends_in` (the release in which old calls stop working)",
+            fix="add ends_in, or use policy: ignore",
+        )
+    return Deprecation(
+        policy=policy,
+        since=None if since is None else since.parsed(lambda s: str(Version(s)), "a version"),
+        ends_in=None if ends is None else ends.parsed(lambda s: str(Version(s)), "a version"),
+        migration=n.child("migration").nonempty_string(),
+    )
+
+
+def _parse_defect(n: Node) -> KnownDefect:
+    n.only_keys({"id", "summary", "affects", "why", "how", "undo"})
+    return KnownDefect(
+        id=n.child("id").nonempty_string(),
+        summary=n.child("summary").nonempty_string(),
+        affects=n.child("affects").string_list(),
+        why=n.child("why").nonempty_string(),
+        how=n.child("how").nonempty_string(),
+        undo=n.child("undo").nonempty_string(),
+    )
+
+
+def _parse_tpi(n: Node) -> TpuInferenceRow:
+    n.only_keys({"versions", "releases", "rpa", "metadata", "model_return_arity", "block_sizes", "notes"})
+    versions = n.child("versions").parsed(SpecifierSet, "a version specifier")
+    rpa = n.child("rpa")
+    rpa.only_keys({"module", "function", "call_form", "factory_params", "params", "optional_kwargs", "returns"})
+    form = rpa.child("call_form").choice(CALL_FORMS)
+    factory = rpa.child("factory_params").string_list() if rpa.optional("factory_params") else ()
+    if (form == "curried") != bool(factory):
+        raise rpa.child("call_form").error("curried form needs factory_params; flat form must not have them")
+    md = n.child("metadata")
+    md.only_keys({"module", "class", "fields", "meta_fields"})
+    arity = n.child("model_return_arity").integer()
+    if arity not in (3, 4):
+        raise n.child("model_return_arity").error("must be 3 or 4", expected="3 or 4")
+    block_sizes = n.child("block_sizes").string_list()
+    for b in block_sizes:
+        if b not in ("function", "env"):
+            raise n.child("block_sizes").error(f"unknown block-size source {b!r}", expected="function and/or env")
+    releases = _parse_releases(n.child("releases"), versions)
+    return TpuInferenceRow(
+        versions=versions,
+        releases=releases,
+        rpa=RpaSpec(
+            module=rpa.child("module").nonempty_string(),
+            function=rpa.child("function").nonempty_string(),
+            call_form=form,
+            factory_params=factory,
+            params=rpa.child("params").string_list(),
+            optional_kwargs=rpa.child("optional_kwargs").string_list() if rpa.optional("optional_kwargs") else (),
+            returns=rpa.child("returns").choice(("(output, kv_cache)",)),
+        ),
+        metadata=MetadataSpec(
+            module=md.child("module").nonempty_string(),
+            cls=md.child("class").nonempty_string(),
+            fields=md.child("fields").string_list(),
+            meta_fields=md.child("meta_fields").string_list() if md.optional("meta_fields") else (),
+        ),
+        model_return_arity=arity,
+        block_sizes=block_sizes,
+        notes=n.child("notes").string() if n.optional("notes") else "",
+    )
+
+
+def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
+    out: dict[str, TpiRelease] = {}
+    for ver, rn in n.items():
+        rn.only_keys({"jax", "vllm_tpu"})
+        try:
+            Version(ver)
+        except Exception:
+            raise rn.error("is not a PEP 440 release number", expected='a key such as "0.32.0"') from None
+        if not versions.contains(ver, prereleases=True):
+            raise rn.error(f"release {ver} lies outside this entry's range {versions}", fix="move it to its range")
+        vt = rn.optional("vllm_tpu")
+        out[ver] = TpiRelease(
+            version=ver,
+            jax=rn.child("jax").parsed(lambda s: str(Version(s)), "a jax version"),
+            vllm_tpu=None if vt is None else vt.parsed(lambda s: str(Version(s)), "a vllm-tpu version"),
+        )
+    if not out:
+        raise n.error("must list at least one release", expected="a mapping of releases")
+    return out
+
+
+def _parse_cpu_shim(n: Node) -> CpuShimSpec:
+    n.only_keys({"verified_jax", "verified_tpu_inference"})
+    return CpuShimSpec(
+        verified_jax=tuple(
+            x.parsed(lambda s: str(Version(s)), "a version") for x in n.child("verified_jax").elements()
+        ),
+        verified_tpu_inference=tuple(
+            x.parsed(lambda s: str(Version(s)), "a version") for x in n.child("verified_tpu_inference").elements()
+        ),
+    )
+
+
+def _parse_env(name: str, n: Node) -> EnvironmentSpec:
+    n.only_keys({
+        "description", "python", "maxtext", "requirements", "no_deps", "overrides", "exclude_newer", "env",
+        "serving",
+    })  # fmt: skip
+    if not name or any(c in name for c in "/\\ "):
+        raise n.error("environment names must be plain words (used as a directory name)")
+    mt = n.optional("maxtext")
+    reqs = n.child("requirements").string_list() if n.optional("requirements") else ()
+    for r in reqs + (n.child("no_deps").string_list() if n.optional("no_deps") else ()):
+        _check_requirement(r, n)
+    env_node = n.optional("env")
+    return EnvironmentSpec(
+        name=name,
+        description=n.child("description").nonempty_string(),
+        python=n.child("python").parsed(lambda s: str(Version(s)), "a Python version like 3.12"),
+        maxtext=None if mt is None else mt.parsed(lambda s: str(Version(s)), "a MaxText release"),
+        requirements=reqs,
+        no_deps=n.child("no_deps").string_list() if n.optional("no_deps") else (),
+        overrides=n.child("overrides").string_list() if n.optional("overrides") else (),
+        exclude_newer=n.child("exclude_newer").string() if n.optional("exclude_newer") else None,
+        env=env_node.string_map() if env_node is not None else {},
+        serving=n.child("serving").boolean() if n.optional("serving") else False,
+    )
+
+
+def _check_requirement(text: str, n: Node) -> None:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        Requirement(text)
+    except InvalidRequirement as exc:
+        raise n.error(f"requirement {text!r} is not valid: {exc}", fix="use PEP 508 syntax, e.g. jax==0.11.2") from None

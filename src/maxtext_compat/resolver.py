@@ -1,0 +1,276 @@
+"""Resolve installed (or hypothetical) versions to matrix rows and a decision.
+
+The order of evidence: an exact release row, a commit-pinned install (PEP 610) matched
+by source commit, a dev build matched by its base release, and only then the nearest
+row, with a warning that says so. Incompatible combinations are typed errors that name
+both versions and the nearest pairs that do work.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.version import Version
+
+from maxtext_compat.errors import (
+    IncompatibleVersionsError,
+    ProbeMismatchError,
+    ProbeMismatchWarning,
+    ResolutionError,
+    UnknownReleaseWarning,
+)
+from maxtext_compat.matrix import CompatMatrix, MaxTextRow, TpuInferenceRow, load_matrix
+from maxtext_compat.probes import ProbeReport, probe_static
+from maxtext_compat.versions import DistInfo, hypothetical_versions, installed_versions
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The matrix's decision for one combination of versions."""
+
+    versions: Mapping[str, DistInfo]
+    maxtext: MaxTextRow | None
+    maxtext_match: str  # exact | commit | dev | nearest | absent
+    tpu_inference: TpuInferenceRow | None
+    tpu_inference_match: str  # exact | nearest | absent
+    notes: tuple[str, ...] = ()
+    probe: ProbeReport | None = None
+    matrix: CompatMatrix | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def convention(self) -> str | None:
+        return None if self.maxtext is None else self.maxtext.convention
+
+    @property
+    def cpu_shim_verified(self) -> bool | None:
+        jax = self.versions.get("jax")
+        if jax is None or self.matrix is None:
+            return None
+        return jax.version in self.matrix.cpu_shim.verified_jax
+
+    def rpa_call_form(self) -> dict[str, Any] | None:
+        if self.tpu_inference is None:
+            return None
+        rpa = self.tpu_inference.rpa
+        return {
+            "form": rpa.call_form,
+            "module": rpa.module,
+            "function": rpa.function,
+            "factory_params": list(rpa.factory_params),
+            "params": list(rpa.params),
+            "kwargs": list(rpa.optional_kwargs),
+            "returns": rpa.returns,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        row = self.maxtext
+        return {
+            "versions": {k: v.describe() for k, v in sorted(self.versions.items())},
+            "maxtext": None if row is None else row.name,
+            "maxtext_match": self.maxtext_match,
+            "import_root": None if row is None else row.import_root,
+            "convention": self.convention,
+            "default_decoder": None if row is None else row.default_decoder,
+            "scan_kv_carry": None if row is None else row.scan_kv_carry,
+            "returns": None if row is None else dict(row.returns),
+            "deprecation_policy": None if row is None else row.deprecation.policy,
+            "tpu_inference": None if self.tpu_inference is None else str(self.tpu_inference.versions),
+            "tpu_inference_match": self.tpu_inference_match,
+            "rpa_call_form": self.rpa_call_form(),
+            "model_return_arity": None if self.tpu_inference is None else self.tpu_inference.model_return_arity,
+            "cpu_shim_verified": self.cpu_shim_verified,
+            "notes": list(self.notes),
+            "probe": None if self.probe is None else self.probe.as_dict(),
+        }
+
+
+def resolve(
+    versions: Mapping[str, str] | None = None,
+    *,
+    matrix: CompatMatrix | None = None,
+    strict: bool = False,
+    probe: bool | None = None,
+) -> Resolution:
+    """Match versions to matrix rows.
+
+    versions: None reads the installed packages; a dict (`{"maxtext": "0.2.2",
+    "tpu-inference": "0.20.0"}`) asks about a hypothetical combination.
+    probe: compare the row with the installed MaxText source (default: only when
+    reading installed versions). strict: a probe mismatch raises instead of warning.
+    """
+    m = matrix if matrix is not None else load_matrix()
+    infos = installed_versions() if versions is None else hypothetical_versions(dict(versions))
+    notes: list[str] = []
+    row, how = _match_maxtext(m, infos.get("maxtext"), notes)
+    tpi, tpi_how = _match_tpu_inference(m, infos.get("tpu_inference"), notes)
+    _check_pairs(m, infos, row, tpi)
+    report = None
+    if row is not None and (probe if probe is not None else versions is None):
+        report = probe_static(row)
+        if not report.ok:
+            text = "; ".join(f"{f.check}: matrix says {f.expected}, installed has {f.found}" for f in report.mismatches)
+            if strict:
+                raise ProbeMismatchError(
+                    f"the installed MaxText disagrees with matrix row {row.name}: {text}",
+                    fix="fix the row in compat_matrix.yaml (or point MAXTEXT_COMPAT_MATRIX at a corrected copy)",
+                )
+            warnings.warn(
+                f"matrix row {row.name} disagrees with the installed MaxText: {text}",
+                ProbeMismatchWarning,
+                stacklevel=2,
+            )
+            notes.append(f"probe mismatch: {text}")
+    return Resolution(infos, row, how, tpi, tpi_how, tuple(notes), report, m)
+
+
+def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> tuple[MaxTextRow | None, str]:
+    if info is None:
+        return None, "absent"
+    if info.commit:
+        for row in m.maxtext:
+            c = row.source_commit.lower()
+            if info.commit.lower().startswith(c) or c.startswith(info.commit.lower()):
+                notes.append(f"maxtext installed from commit {info.commit[:12]}: matched row {row.name} by commit")
+                return row, "commit"
+    v = info.parsed
+    if v is None:
+        raise ResolutionError(
+            "the installed maxtext version is not a PEP 440 version",
+            argument="maxtext",
+            expected="a version such as 0.2.5",
+            found=repr(info.version),
+            fix="reinstall maxtext from PyPI or set its version metadata",
+        )
+    for row in m.maxtext:
+        if row.release == v:
+            return row, "exact"
+    if v.is_devrelease or v.local or v.is_postrelease or v.is_prerelease:
+        base = Version(v.base_version)
+        for row in m.maxtext:
+            if row.release == base:
+                notes.append(f"maxtext {info.version} is a development build of {base}: using row {row.name}")
+                return row, "dev"
+    rows = sorted(m.maxtext, key=lambda r: r.release)
+    below = [r for r in rows if r.release <= v]
+    nearest = below[-1] if below else rows[0]
+    msg = (
+        f"maxtext {info.version} is not in {m.source}; using the nearest row {nearest.name}. "
+        "Run `maxtext-compat doctor` to compare that row with the installed code."
+    )
+    warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+    notes.append(msg)
+    return nearest, "nearest"
+
+
+def _match_tpu_inference(
+    m: CompatMatrix, info: DistInfo | None, notes: list[str]
+) -> tuple[TpuInferenceRow | None, str]:
+    if info is None or not m.tpu_inference:
+        return None, "absent"
+    v = info.parsed
+    if v is None or v == Version("0.0.0"):
+        # Source installs of tpu-inference report 0.0.0 (VLLM_VERSION_OVERRIDE unset): use the newest row.
+        row = max(m.tpu_inference, key=_row_floor)
+        msg = (
+            f"tpu-inference reports version {info.version!r} (a source install); "
+            f"assuming the newest API row {row.versions}"
+        )
+        warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+        notes.append(msg)
+        return row, "nearest"
+    found = m.tpu_inference_row(v)
+    if found is not None:
+        return found, "exact"
+    rows = sorted(m.tpu_inference, key=_row_floor)
+    below = [r for r in rows if _row_floor(r) <= v]
+    nearest = below[-1] if below else rows[0]
+    msg = f"tpu-inference {info.version} is not covered by {m.source}; using the nearest row {nearest.versions}"
+    warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+    notes.append(msg)
+    return nearest, "nearest"
+
+
+def _row_floor(row: TpuInferenceRow) -> Version:
+    floors = [Version(s.version) for s in row.versions if s.operator in (">=", "==", "~=", ">")]
+    return min(floors) if floors else Version("0")
+
+
+def known_tpu_inference_releases(m: CompatMatrix) -> list[Version]:
+    """Every tpu-inference release the matrix lists."""
+    return sorted({Version(v) for r in m.tpu_inference for v in r.releases})
+
+
+def _check_pairs(
+    m: CompatMatrix, infos: Mapping[str, DistInfo], row: MaxTextRow | None, tpi: TpuInferenceRow | None
+) -> None:
+    tpi_info = infos.get("tpu_inference")
+    checkable = row is not None and row.tpu_inference is not None and tpi_info is not None
+    if checkable and tpi_info.parsed not in (None, Version("0.0.0")):
+        assert row is not None and row.tpu_inference is not None
+        if not row.tpu_inference.contains(tpi_info.version, prereleases=True):
+            raise IncompatibleVersionsError(
+                f"maxtext {row.name} and tpu-inference {tpi_info.version} are incompatible "
+                f"(maxtext {row.name} needs tpu-inference {row.tpu_inference})",
+                argument="versions",
+                expected=f"tpu-inference {row.tpu_inference}",
+                found=f"maxtext {row.name} + tpu-inference {tpi_info.version}",
+                fix="use one of the nearest compatible pairs: " + _nearest_pairs(m, row, tpi_info.parsed),
+            )
+    rel = None if tpi is None or tpi_info is None else tpi.releases.get(tpi_info.version)
+    jax = infos.get("jax")
+    if rel is not None and jax is not None and jax.parsed is not None and jax.parsed != Version(rel.jax):
+        same_jax = sorted(r.version for row in m.tpu_inference for r in row.releases.values() if r.jax == jax.version)
+        alt = f" or tpu-inference {same_jax[-1]}, which pins jax {jax.version}" if same_jax else ""
+        raise IncompatibleVersionsError(
+            f"tpu-inference {rel.version} and jax {jax.version} are incompatible (tpu-inference {rel.version} "
+            f"pins jax=={rel.jax})",
+            argument="versions",
+            expected=f"jax {rel.jax}",
+            found=f"tpu-inference {rel.version} + jax {jax.version}",
+            fix=f"install jax=={rel.jax} jaxlib=={rel.jax}{alt}",
+        )
+    vllm = infos.get("vllm")
+    if (
+        rel is not None
+        and vllm is not None
+        and vllm.parsed is not None
+        and vllm.name.lower() in ("vllm-tpu", "vllm_tpu")
+    ):
+        pairs = {r.vllm_tpu: r.version for row in m.tpu_inference for r in row.releases.values() if r.vllm_tpu}
+        if rel.vllm_tpu != vllm.version:
+            want = rel.vllm_tpu or "none (no vllm-tpu release pins it)"
+            other = pairs.get(vllm.version)
+            raise IncompatibleVersionsError(
+                f"tpu-inference {rel.version} and vllm-tpu {vllm.version} are incompatible "
+                f"(vllm-tpu pins its tpu-inference exactly)",
+                argument="versions",
+                expected=f"vllm-tpu {want}",
+                found=f"tpu-inference {rel.version} + vllm-tpu {vllm.version}",
+                fix=f"install vllm-tpu=={rel.vllm_tpu}"
+                if rel.vllm_tpu
+                else ("install tpu-inference==" + other if other else "pick a pair listed in compat_matrix.yaml"),
+            )
+
+
+def _nearest_pairs(m: CompatMatrix, row: MaxTextRow, tpi_version: Version) -> str:
+    assert row.tpu_inference is not None
+    options: list[str] = []
+    fitting = [v for v in known_tpu_inference_releases(m) if row.tpu_inference.contains(str(v), prereleases=True)]
+    if fitting:
+        best = min(fitting, key=lambda v: _distance(v, tpi_version))
+        options.append(f"maxtext {row.name} + tpu-inference {best}")
+    rows = [r for r in m.maxtext if r.tpu_inference is not None and r.tpu_inference.contains(str(tpi_version))]
+    rows = [r for r in rows if r.has_kv_params]  # a native vLLM path, like the row asked for
+    if rows:
+        best_row = min(rows, key=lambda r: _distance(r.release, row.release))
+        options.append(f"maxtext {best_row.name} + tpu-inference {tpi_version}")
+    return " or ".join(options) if options else "none in the matrix; see compat_matrix.yaml"
+
+
+def _distance(a: Version, b: Version) -> tuple[int, ...]:
+    ra = a.release + (0,) * (3 - len(a.release))
+    rb = b.release + (0,) * (3 - len(b.release))
+    return tuple(abs(x - y) for x, y in zip(ra[:3], rb[:3], strict=True))

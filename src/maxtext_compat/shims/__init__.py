@@ -1,0 +1,1 @@
+"""Reversible monkeypatches that give an installed MaxText the convention a user needs."""

@@ -1,0 +1,232 @@
+"""Run the test suite inside every matrix environment and report env x passed/failed/skipped.
+
+Why our own runner instead of nox: the environments are defined by compat_matrix.yaml
+(not by a noxfile), are built by `envs.build` from uv's cache, and the report must count
+skips separately from passes and treat an environment that fails to build, or runs no
+test, as failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from maxtext_compat import envs
+from maxtext_compat.errors import EnvironmentBuildError
+from maxtext_compat.matrix import CompatMatrix, load_matrix
+
+ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
+
+
+@dataclass
+class EnvResult:
+    name: str
+    maxtext: str | None
+    versions: dict[str, str] = field(default_factory=dict)
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    duration_s: float = 0.0
+    status: str = "ok"  # ok | failed | build-failed | no-tests
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _versions_in(python: Path) -> dict[str, str]:
+    code = (
+        "import json\nfrom maxtext_compat.versions import installed_versions\n"
+        "print(json.dumps({k: d.describe() for k, d in installed_versions().items()}))"
+    )
+    try:
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}
+
+
+def parse_junit(path: Path) -> tuple[int, int, int, int, float]:
+    """(passed, failed, errors, skipped, seconds) from a pytest junit XML file."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    tests = failures = errors = skipped = 0
+    seconds = 0.0
+    for s in suites:
+        tests += int(s.get("tests", 0))
+        failures += int(s.get("failures", 0))
+        errors += int(s.get("errors", 0))
+        skipped += int(s.get("skipped", 0))
+        seconds += float(s.get("time", 0.0))
+    return tests - failures - errors - skipped, failures, errors, skipped, seconds
+
+
+def run_env(
+    name: str,
+    *,
+    matrix: CompatMatrix,
+    pytest_args: Sequence[str] = (),
+    build: bool = True,
+    report_dir: Path,
+    log: Callable[[str], None] = print,
+) -> EnvResult:
+    spec = matrix.environment(name)
+    res = EnvResult(name=name, maxtext=spec.maxtext)
+    t0 = time.monotonic()
+    try:
+        st = envs.build(spec, log=log) if build else envs.status(spec)
+        if not st.built:
+            raise EnvironmentBuildError(
+                f"environment {name!r} is not built",
+                fix=f"run `maxtext-compat envs build {name}` or `make envs`",
+            )
+    except EnvironmentBuildError as exc:
+        res.status, res.detail = "build-failed", str(exc)
+        res.duration_s = round(time.monotonic() - t0, 1)
+        log(f"[matrix] {name}: BUILD FAILED\n{exc}")
+        return res
+    python = envs.env_python(name)
+    res.versions = _versions_in(python)
+    junit = report_dir / "junit" / f"{name}.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    if junit.exists():
+        junit.unlink()
+    env = dict(os.environ)
+    env.update(spec.env)
+    env[ENV_NAME_VAR] = name
+    env.pop("VIRTUAL_ENV", None)
+    cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
+    log(f"[matrix] {name}: {' '.join(cmd[1:])}")
+    proc = subprocess.run(cmd, cwd=envs.project_root(), env=env, check=False)
+    res.duration_s = round(time.monotonic() - t0, 1)
+    if not junit.exists():
+        res.status, res.detail = "failed", f"pytest exited with {proc.returncode} and wrote no report"
+        res.errors = 1
+        return res
+    res.passed, res.failed, res.errors, res.skipped, _ = parse_junit(junit)
+    if res.failed or res.errors or proc.returncode not in (0, 5):
+        res.status = "failed"
+        res.detail = f"pytest exit code {proc.returncode}"
+    elif res.passed == 0:
+        res.status, res.detail = "no-tests", "no test ran in this environment"
+    return res
+
+
+def run_matrix(
+    names: Sequence[str] | None = None,
+    *,
+    matrix: CompatMatrix | None = None,
+    pytest_args: Sequence[str] = (),
+    build: bool = True,
+    report_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> list[EnvResult]:
+    m = matrix if matrix is not None else load_matrix()
+    out_dir = report_dir if report_dir is not None else envs.project_root() / "build"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    selected = list(names) if names else list(m.environments)
+    results = []
+    for i, name in enumerate(selected, 1):
+        log(f"[matrix] ({i}/{len(selected)}) environment {name}")
+        results.append(run_env(name, matrix=m, pytest_args=pytest_args, build=build, report_dir=out_dir, log=log))
+    write_reports(results, m, out_dir)
+    return results
+
+
+def mocked_rows(m: CompatMatrix) -> list[str]:
+    """MaxText releases with no real environment: covered by pytest-mock tests only."""
+    real = {e.maxtext for e in m.environments.values() if e.maxtext}
+    return [r.name for r in m.maxtext if r.name not in real]
+
+
+def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) -> None:
+    data = {
+        "envs": [
+            {
+                k: v
+                for k, v in asdict(r).items()
+                if k
+                in (
+                    "name",
+                    "versions",
+                    "passed",
+                    "failed",
+                    "skipped",
+                    "duration_s",
+                    "errors",
+                    "status",
+                    "detail",
+                    "maxtext",
+                )
+            }
+            for r in results
+        ],
+        "mocked_rows": [
+            {
+                "maxtext": name,
+                "covered_by": "pytest-mock tests against the matrix (no installable environment)",
+            }
+            for name in mocked_rows(m)
+        ],
+    }
+    (out_dir / "compat-report.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
+    (out_dir / "compat-report.md").write_text(render_markdown(results, m), encoding="utf-8")
+
+
+def render_table(results: Sequence[EnvResult]) -> str:
+    head = f"{'environment':<22} {'maxtext':<8} {'passed':>7} {'failed':>7} {'skipped':>8} {'time':>8}  status"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.name:<22} {r.maxtext or '-':<8} {r.passed:>7} {r.failed + r.errors:>7} {r.skipped:>8} "
+            f"{r.duration_s:>7.0f}s  {r.status}"
+        )
+    return "\n".join(lines)
+
+
+def render_markdown(results: Sequence[EnvResult], m: CompatMatrix) -> str:
+    lines = [
+        "# Compat test matrix report",
+        "",
+        "| environment | maxtext | versions | passed | failed | skipped | time (s) | status |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        vers = ", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())) or "-"
+        lines.append(
+            f"| {r.name} | {r.maxtext or '-'} | {vers} | {r.passed} | {r.failed + r.errors} | {r.skipped} | "
+            f"{r.duration_s:.0f} | {r.status} |"
+        )
+    lines += ["", "## Rows covered only by mocked versions", ""]
+    for name in mocked_rows(m):
+        lines.append(f"- MaxText {name}: pytest-mock tests against the matrix (no environment installs it)")
+    return "\n".join(lines) + "\n"
+
+
+def closing_line(results: Sequence[EnvResult]) -> str:
+    passed = sum(r.passed for r in results)
+    failed = sum(r.failed + r.errors for r in results) + sum(
+        1 for r in results if r.status in ("build-failed", "no-tests")
+    )
+    skipped = sum(r.skipped for r in results)
+    return f"compat-matrix: {passed} passed, {failed} failed, {skipped} skipped"
+
+
+def main_exit_code(results: Sequence[EnvResult]) -> int:
+    return 0 if results and all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    rs = run_matrix(sys.argv[1:] or None)
+    print(render_table(rs))
+    print(closing_line(rs))
+    sys.exit(main_exit_code(rs))

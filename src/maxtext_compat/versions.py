@@ -1,0 +1,139 @@
+"""Which versions of the stack are installed, read from package metadata only.
+
+Why metadata and not imports: importing MaxText or tpu-inference takes seconds and has
+side effects (XLA_FLAGS, jax patches, torch). `importlib.metadata` answers in
+milliseconds and also tells commit-pinned installs apart (PEP 610 `direct_url.json`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import metadata
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from maxtext_compat.errors import InvalidArgumentError
+
+# Distribution names we care about, keyed by the short name used throughout the project.
+TRACKED: dict[str, tuple[str, ...]] = {
+    "maxtext": ("maxtext", "MaxText"),
+    "tpu_inference": ("tpu-inference", "tpu_inference"),
+    "vllm": ("vllm-tpu", "vllm"),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "flax": ("flax",),
+}
+ALIASES = {"tpu-inference": "tpu_inference", "vllm-tpu": "vllm", "vllm_tpu": "vllm"}
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """One installed (or hypothetical) distribution."""
+
+    name: str
+    version: str
+    commit: str | None = None
+    url: str | None = None
+    editable: bool = False
+
+    @property
+    def parsed(self) -> Version | None:
+        try:
+            return Version(self.version)
+        except InvalidVersion:
+            return None
+
+    def describe(self) -> str:
+        extra = []
+        if self.commit:
+            extra.append(f"commit {self.commit[:12]}")
+        if self.editable:
+            extra.append("editable")
+        return self.version + (f" ({', '.join(extra)})" if extra else "")
+
+
+def normalize_key(name: str) -> str:
+    """Map user spellings (`tpu-inference`, `vllm-tpu`) to the project's short keys."""
+    key = canonicalize_name(name).replace("-", "_")
+    key = ALIASES.get(canonicalize_name(name), key)
+    if key not in TRACKED:
+        raise InvalidArgumentError(
+            "unknown package name",
+            argument="versions",
+            expected=f"one of {sorted(TRACKED)} (or tpu-inference / vllm-tpu)",
+            found=repr(name),
+            fix="name the package as it is published, e.g. {'maxtext': '0.2.5', 'tpu-inference': '0.32.0'}",
+        )
+    return key
+
+
+def installed_versions() -> dict[str, DistInfo]:
+    """Installed versions of the tracked packages (missing ones are absent from the dict)."""
+    found: dict[str, DistInfo] = {}
+    for key, dists in TRACKED.items():
+        for dist_name in dists:
+            info = _read_dist(dist_name)
+            if info is not None:
+                found[key] = info
+                break
+    return found
+
+
+def _read_dist(dist_name: str) -> DistInfo | None:
+    try:
+        dist = metadata.distribution(dist_name)
+    except metadata.PackageNotFoundError:
+        return None
+    commit = url = None
+    editable = False
+    raw = dist.read_text("direct_url.json")
+    if raw:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = {}
+        if isinstance(data, dict):
+            url = data.get("url") if isinstance(data.get("url"), str) else None
+            vcs = data.get("vcs_info")
+            if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str):
+                commit = vcs["commit_id"]
+            d = data.get("dir_info")
+            editable = bool(isinstance(d, dict) and d.get("editable"))
+            if commit is None and url:
+                commit = _commit_from_archive_url(url)
+    return DistInfo(dist.metadata["Name"] or dist_name, dist.version, commit, url, editable)
+
+
+def _commit_from_archive_url(url: str) -> str | None:
+    """`.../archive/<sha>.zip` (how MaxText pins tpu-inference) carries the commit in the URL."""
+    tail = url.rstrip("/").rsplit("/", 1)[-1]
+    for suffix in (".zip", ".tar.gz", ".tgz"):
+        if tail.endswith(suffix):
+            sha = tail[: -len(suffix)]
+            if 7 <= len(sha) <= 40 and all(c in "0123456789abcdef" for c in sha.lower()):
+                return sha.lower()
+    return None
+
+
+def hypothetical_versions(versions: dict[str, str]) -> dict[str, DistInfo]:
+    """Turn `{"maxtext": "0.2.2", "tpu-inference": "0.20.0"}` into DistInfo records."""
+    out: dict[str, DistInfo] = {}
+    for name, ver in versions.items():
+        if ver is None:
+            continue
+        key = normalize_key(str(name))
+        text = str(ver).strip()
+        try:
+            Version(text)
+        except InvalidVersion:
+            raise InvalidArgumentError(
+                "not a PEP 440 version",
+                argument=f"versions[{name!r}]",
+                expected="a version such as 0.2.5",
+                found=repr(ver),
+                fix="pass the release number as published on PyPI",
+            ) from None
+        out[key] = DistInfo(TRACKED[key][0], text)
+    return out

@@ -1,0 +1,38 @@
+"""Suite-wide set-up: pick the tests that apply to the environment the suite runs in.
+
+The same suite runs in every matrix environment (`make test`). A test marked
+`@pytest.mark.envs("maxtext-0.2.5")` runs only there and is *deselected* elsewhere (not
+skipped: a skip would read as "could not check"); tests that need MaxText are
+deselected in the `unit` environment.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Virtual CPU devices for tensor-parallel tests; must be set before jax is imported.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+from maxtext_compat.probes import detect_import_root
+
+ENV_NAME = os.environ.get("MAXTEXT_COMPAT_ENV", "")
+HAS_MAXTEXT = detect_import_root() is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        envs_marker = item.get_closest_marker("envs")
+        wrong_env = envs_marker is not None and ENV_NAME not in envs_marker.args
+        no_maxtext = item.get_closest_marker("needs_maxtext") is not None and not HAS_MAXTEXT
+        if wrong_env or no_maxtext:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
