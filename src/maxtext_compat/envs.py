@@ -225,7 +225,9 @@ _NOISE = re.compile(r"maxtext 0\.1\.0 requires|^\s*$")
 
 
 def _run(cmd: Sequence[str], spec: EnvironmentSpec) -> None:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
+    # Never let uv fetch an interpreter from the internet: we pass one found on the machine.
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         tail = "\n".join(line for line in (proc.stderr or proc.stdout).splitlines() if not _NOISE.search(line))
         raise EnvironmentBuildError(

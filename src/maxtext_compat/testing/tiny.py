@@ -1,0 +1,260 @@
+"""Tiny random-weight MaxText models of the installed release, for tests, the demo and users.
+
+Why here: every test that compares a new path with a native one needs the same small,
+fast models, built the way each release expects (0.1.0 wants the base.yml in argv and
+`create_device_mesh`; 0.2.x `get_mesh_from_config`, `jax.set_mesh`). The recipes below
+were measured on CPU: families default (Llama-style), qwen3 (dense) and gemma3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from maxtext_compat.errors import InvalidArgumentError, ResolutionError
+from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.probes import package_dir
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "default": {"model_name": "default"},
+    # The model yml fixes sizes; override_model_config lets the tiny sizes below win.
+    "qwen3": {"model_name": "qwen3-0.6b", "override_model_config": True},
+    # 5 local-sliding : 1 global layers; a short window makes short tests exercise it.
+    "gemma3": {"model_name": "gemma3-4b", "override_model_config": True, "sliding_window_size": 16},
+}
+
+TINY: dict[str, Any] = {
+    "base_emb_dim": 128,
+    "base_num_query_heads": 2,
+    "base_num_kv_heads": 1,
+    "head_dim": 128,
+    "base_mlp_dim": 256,
+    "base_num_decoder_layers": 2,
+    "vocab_size": 256,
+    "max_target_length": 64,
+    "max_prefill_predict_length": 32,
+    "per_device_batch_size": 1,
+    "dtype": "float32",
+    "weight_dtype": "float32",
+    "matmul_precision": "highest",
+    "attention": "dot_product",
+    "scan_layers": False,
+    "enable_checkpointing": False,
+    "run_name": "maxtext_compat_tiny",
+    "skip_jax_distributed_system": True,
+    "hardware": "cpu",
+    "log_config": False,
+    "jax_cache_dir": "",
+}
+
+
+def installed_row() -> MaxTextRow:
+    """The matrix row of the installed MaxText (typed error when none is installed)."""
+    import warnings
+
+    from maxtext_compat.resolver import resolve
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = resolve(probe=False)
+    if res.maxtext is None:
+        raise ResolutionError(
+            "MaxText is not installed", fix="install a MaxText release (see `maxtext-compat envs` for working pins)"
+        )
+    return res.maxtext
+
+
+@dataclass
+class MaxTextApi:
+    """The installed release's modules, found through its matrix row (imports MaxText lazily)."""
+
+    row: MaxTextRow
+
+    @cached_property
+    def pyconfig(self) -> Any:
+        return importlib.import_module(self.row.config.pyconfig)
+
+    @cached_property
+    def package_dir(self) -> Path:
+        d = package_dir(self.row.import_root)
+        if d is None:
+            raise ResolutionError(f"package {self.row.import_root!r} is not importable", fix="install MaxText")
+        return d
+
+    @cached_property
+    def common_types(self) -> Any:
+        root = self.row.import_root
+        name = "MaxText.common_types" if root == "MaxText" else "maxtext.common.common_types"
+        return importlib.import_module(name)
+
+    @cached_property
+    def maxtext_utils(self) -> Any:
+        root = self.row.import_root
+        return importlib.import_module(f"{root}.maxtext_utils" if root == "MaxText" else "maxtext.utils.maxtext_utils")
+
+    def cls(self, key: str) -> Any:
+        ref = self.row.classes.get(key)
+        if ref is None:
+            raise InvalidArgumentError(
+                f"MaxText {self.row.name} has no {key} class",
+                argument="key",
+                found=key,
+                fix=f"use one of {[k for k, v in self.row.classes.items() if v is not None]}",
+            )
+        return ref.load()
+
+    def layer_cls(self, family: str) -> Any:
+        return self.row.decoder_layers[family].load()
+
+    @property
+    def modes(self) -> tuple[str, str, str]:
+        ct = self.common_types
+        return ct.MODEL_MODE_TRAIN, ct.MODEL_MODE_PREFILL, ct.MODEL_MODE_AUTOREGRESSIVE
+
+
+def api(row: MaxTextRow | None = None) -> MaxTextApi:
+    return MaxTextApi(row if row is not None else installed_row())
+
+
+def tiny_config(
+    family: str = "default",
+    *,
+    tp: int = 1,
+    scan_layers: bool = False,
+    attention: str = "dot_product",
+    vllm: bool = False,
+    row: MaxTextRow | None = None,
+    **overrides: Any,
+) -> Any:
+    """A MaxText config for a tiny model of `family`, tensor-parallel over `tp` devices.
+
+    vllm=True starts from the release's configs/inference/vllm.yml (what MaxText's own vLLM
+    adapter loads) and sets attention="vllm_rpa".
+    """
+    if family not in FAMILIES:
+        raise InvalidArgumentError(
+            "unknown model family", argument="family", expected=f"one of {sorted(FAMILIES)}", found=repr(family)
+        )
+    a = api(row)
+    ov: dict[str, Any] = {**TINY, **FAMILIES[family], "scan_layers": scan_layers, "attention": attention}
+    ov["base_output_directory"] = tempfile.mkdtemp(prefix="maxtext_compat_")
+    if tp > 1:
+        ov["ici_tensor_parallelism"] = tp
+        ov["base_num_query_heads"] = max(ov["base_num_query_heads"], tp)
+        ov["base_num_kv_heads"] = max(ov["base_num_kv_heads"], tp)
+    yml = a.package_dir / a.row.config.base_yml
+    if vllm:
+        if a.row.config.vllm_yml is None:
+            raise InvalidArgumentError(
+                f"MaxText {a.row.name} has no vLLM config",
+                argument="vllm",
+                found=True,
+                fix="use vllm=False; the backport (maxtext_compat.adapters) provides the vLLM path for this release",
+            )
+        yml = a.package_dir / a.row.config.vllm_yml
+        ov["attention"] = "vllm_rpa"
+    ov.update(overrides)
+    # pyconfig of 0.2.5 sets XLA_FLAGS to an HLO dump when it is empty: keep the caller's value.
+    saved = os.environ.get("XLA_FLAGS")
+    try:
+        return a.pyconfig.initialize(["maxtext_compat", str(yml)], **ov)
+    finally:
+        if saved is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved
+
+
+def tiny_mesh(cfg: Any, tp: int = 1, *, row: MaxTextRow | None = None) -> Any:
+    """A mesh over the first `tp` devices (the suite runs with 4 virtual CPU devices)."""
+    import jax
+
+    devices = jax.devices()
+    if len(devices) < tp:
+        raise InvalidArgumentError(
+            "not enough devices for this tensor-parallel degree",
+            argument="tp",
+            expected=f"<= {len(devices)}",
+            found=tp,
+            fix="set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax",
+        )
+    a = api(row)
+    if a.row.import_root == "MaxText":
+        from jax.sharding import Mesh
+
+        return Mesh(a.maxtext_utils.create_device_mesh(cfg, devices[:tp]), cfg.mesh_axes)
+    return a.maxtext_utils.get_mesh_from_config(cfg, devices[:tp])
+
+
+def mesh_context(cfg: Any, mesh: Any, *, row: MaxTextRow | None = None) -> contextlib.ExitStack:
+    """The mesh + logical-axis-rules context each release expects around calls."""
+    import jax
+
+    stack = contextlib.ExitStack()
+    a = api(row)
+    if a.row.import_root == "MaxText" or not hasattr(jax, "set_mesh"):
+        from flax.linen import partitioning as nn_partitioning
+
+        stack.enter_context(mesh)
+        stack.enter_context(nn_partitioning.axis_rules(cfg.logical_axis_rules))
+    else:
+        from flax.core.spmd import logical_axis_rules
+
+        stack.enter_context(jax.set_mesh(mesh))
+        stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
+    return stack
+
+
+def tiny_attention(
+    cfg: Any,
+    mesh: Any,
+    *,
+    model_mode: str | None = None,
+    batch: int = 2,
+    seq: int = 16,
+    seed: int = 0,
+    row: MaxTextRow | None = None,
+) -> Any:
+    """MaxText's own Attention layer (an NNX module in every release) with tiny shapes."""
+    from flax import nnx
+
+    a = api(row)
+    Attention = a.cls("attention")
+    mode = model_mode if model_mode is not None else a.modes[0]
+    with mesh_context(cfg, mesh, row=a.row):
+        return Attention(
+            config=cfg,
+            num_query_heads=cfg.num_query_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            max_target_length=cfg.max_target_length,
+            max_prefill_predict_length=cfg.max_prefill_predict_length,
+            mesh=mesh,
+            attention_kernel=cfg.attention,
+            inputs_q_shape=(batch, seq, cfg.emb_dim),
+            inputs_kv_shape=(batch, seq, cfg.emb_dim),
+            dtype=cfg.dtype,
+            weight_dtype=cfg.weight_dtype,
+            model_mode=mode,
+            rngs=nnx.Rngs(params=seed, dropout=seed + 1),
+        )
+
+
+def tiny_inputs(cfg: Any, *, batch: int = 2, seq: int = 16, seed: int = 1) -> dict[str, Any]:
+    """Random hidden states, tokens, positions and segment ids of matching shapes."""
+    import jax
+    import jax.numpy as jnp
+
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    return {
+        "x": jax.random.normal(k1, (batch, seq, cfg.emb_dim), jnp.float32),
+        "tokens": jax.random.randint(k2, (batch, seq), 0, cfg.vocab_size, dtype=jnp.int32),
+        "positions": jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq)),
+        "segment_ids": jnp.ones((batch, seq), jnp.int32),
+    }

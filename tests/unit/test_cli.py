@@ -1,0 +1,109 @@
+"""The `maxtext-compat` CLI: doctor, resolve, envs — output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from maxtext_compat.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_resolve_json_has_the_documented_keys(capsys):
+    code, out, _ = run(capsys, "resolve", "--maxtext", "0.2.3", "--tpu-inference", "0.25.0", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["maxtext"] == "0.2.3"
+    assert d["import_root"] == "maxtext"
+    assert d["convention"] == "kv_scan_carry"
+    form = d["rpa_call_form"]
+    assert form["form"] == "flat"
+    assert form["module"] == "tpu_inference.layers.common.attention_interface"
+    assert form["kwargs"] == ["update_kv_cache", "use_causal_mask"]
+
+
+def test_resolve_curried_form_for_tpu_inference_0_11(capsys):
+    code, out, _ = run(capsys, "resolve", "--maxtext", "0.1.0", "--tpu-inference", "0.11.1", "--json")
+    assert code == 0
+    form = json.loads(out)["rpa_call_form"]
+    assert form["form"] == "curried"
+    assert form["factory_params"][:2] == ["sm_scale", "mesh"]
+
+
+def test_resolve_text_output(capsys):
+    code, out, _ = run(capsys, "resolve", "--maxtext", "0.1.0")
+    assert code == 0
+    assert "convention legacy" in out and "import root MaxText" in out
+
+
+def test_resolve_unknown_release_prints_the_warning(capsys):
+    code, out, _ = run(capsys, "resolve", "--maxtext", "0.3.0", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["maxtext_match"] == "nearest"
+    assert any("0.3.0 is not in" in w for w in d["warnings"])
+
+
+def test_incompatible_combination_exits_2_with_a_readable_error(capsys):
+    code, _, err = run(capsys, "resolve", "--maxtext", "0.2.0", "--tpu-inference", "0.32.0")
+    assert code == 2
+    assert "IncompatibleVersionsError" in err and "maxtext 0.2.0" in err and "tpu-inference 0.32.0" in err
+    assert "Fix:" in err
+
+
+def test_doctor_json_reports_versions_row_probe_patches_and_skips(capsys):
+    code, out, _ = run(capsys, "doctor", "--json")
+    d = json.loads(out)
+    assert code == 0
+    assert {"matrix", "resolution", "active_patches", "side_effects", "skipped", "warnings"} <= set(d)
+    assert isinstance(d["active_patches"], list)
+    res = d["resolution"]
+    if res["maxtext"] is None:
+        assert any(s["feature"] == "adapters and shims" for s in d["skipped"])
+    else:
+        assert res["probe"]["ok"] is True
+
+
+def test_doctor_text(capsys):
+    code, out, _ = run(capsys, "doctor")
+    assert code == 0
+    assert "matrix:" in out and "active patches:" in out
+
+
+def test_envs_lists_every_matrix_environment(capsys):
+    code, out, _ = run(capsys, "envs", "--json")
+    assert code == 0
+    names = {e["name"] for e in json.loads(out)}
+    assert {"unit", "maxtext-0.2.5", "maxtext-0.1.0", "maxtext-0.1.0-jax011"} <= names
+
+
+def test_envs_python_needs_exactly_one_known_name(capsys):
+    code, _, err = run(capsys, "envs", "python")
+    assert code == 2 and "exactly one" in err
+    code, _, err = run(capsys, "envs", "python", "no-such-env")
+    assert code == 2 and "no environment named" in err
+
+
+def test_bad_matrix_file_is_reported_not_a_traceback(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("schema_version: 1\nmaxtext: 3\n")
+    monkeypatch.setenv("MAXTEXT_COMPAT_MATRIX", str(bad))
+    code, _, err = run(capsys, "resolve", "--maxtext", "0.2.5")
+    assert code == 2
+    assert "MatrixError" in err and "m.yaml" in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"]])
+def test_console_script_runs(argv):
+    proc = subprocess.run(
+        [sys.executable, "-m", "maxtext_compat.cli", *argv], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0 and "usage:" in proc.stdout
