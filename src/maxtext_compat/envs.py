@@ -82,7 +82,13 @@ def _project_dependencies() -> dict[str, object]:
 
     data = tomllib.loads((project_root() / "pyproject.toml").read_text(encoding="utf-8"))
     proj = data.get("project", {})
-    return {"dependencies": proj.get("dependencies", []), "optional": proj.get("optional-dependencies", {})}
+    # Entry points are recorded at install time: a new plugin or script needs a reinstall too.
+    return {
+        "dependencies": proj.get("dependencies", []),
+        "optional": proj.get("optional-dependencies", {}),
+        "scripts": proj.get("scripts", {}),
+        "entry_points": proj.get("entry-points", {}),
+    }
 
 
 def status(spec: EnvironmentSpec) -> EnvStatus:
