@@ -81,3 +81,48 @@ class UnknownReleaseWarning(UserWarning):
 
 class ProbeMismatchWarning(UserWarning):
     """The installed MaxText disagrees with its matrix row (non-strict mode)."""
+
+
+class KernelUnavailableError(CompatError, RuntimeError):
+    """The attention kernel cannot run as asked here: tpu-inference is missing, its version lacks
+    the requested feature, or the kernel needs the CPU shim on a CPU backend."""
+
+
+class ShimRefusedError(CompatError, RuntimeError):
+    """A shim refused to install: unverified jax, or applied after the code it patches was traced."""
+
+
+class CacheCapacityError(InvalidArgumentError):
+    """A request needs more KV-cache pages or tokens than the cache (or the padded batch) holds."""
+
+
+class PatchError(CompatError, RuntimeError):
+    """A shim could not be installed or removed; nothing was changed unless the message says rollback failed."""
+
+
+class PatchTargetError(PatchError, LookupError):
+    """A patch target cannot be imported, found, read or written."""
+
+
+class PatchConflictError(PatchError):
+    """A patch target is wrapped or replaced by someone else (at install), or our patch was (at uninstall)."""
+
+
+class ProfileError(PatchError, LookupError):
+    """A shim profile is unknown, registered twice, or cannot be built or chosen."""
+
+
+class ServingError(CompatError, RuntimeError):
+    """Serving a MaxText model through vLLM / tpu-inference cannot proceed as configured."""
+
+
+class ServingConfigError(ServingError, ValueError):
+    """vLLM's configuration (config.json, flags, additional_config) and the MaxText config disagree."""
+
+
+class BackendUnavailableError(ServingError, LookupError):
+    """No serving backend can run the installed MaxText release (e.g. the backport is not installed)."""
+
+
+class WeightsUnavailableError(ServingError):
+    """The served model has no weights to load: no checkpoint path and not `--load-format dummy`."""

@@ -1,1 +1,92 @@
-"""Reversible monkeypatches that give an installed MaxText the convention a user needs."""
+"""Reversible monkeypatches that give an installed MaxText the convention a user needs.
+
+The public API is re-exported lazily: `import maxtext_compat.shims` imports neither jax,
+MaxText nor wrapt, so the doctor and the vLLM plugin entry point stay cheap.
+
+    from maxtext_compat import shims
+    shims.register_profile("my-fix", lambda: [shims.PatchSpec("pkg.mod:Cls.__call__", factory)])
+    shims.install("my-fix")          # idempotent, all or nothing
+    with shims.patched("my-fix"): ...
+    shims.uninstall()                # restores every original by identity
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from maxtext_compat.shims.patching import Original, PatchSet, PatchSpec, add_keyword_params
+    from maxtext_compat.shims.profiles import (
+        Profile,
+        active_profiles,
+        default_profile,
+        has_default_profile_chooser,
+        install,
+        installed,
+        patched,
+        register_profile,
+        registered_profiles,
+        set_default_profile_chooser,
+        uninstall,
+        unregister_profile,
+        verify,
+    )
+    from maxtext_compat.shims.registry import ActivePatch, active_patches
+
+_EXPORTS = {
+    "Original": "patching",
+    "PatchSet": "patching",
+    "PatchSpec": "patching",
+    "add_keyword_params": "patching",
+    "Profile": "profiles",
+    "active_profiles": "profiles",
+    "default_profile": "profiles",
+    "has_default_profile_chooser": "profiles",
+    "install": "profiles",
+    "installed": "profiles",
+    "patched": "profiles",
+    "register_profile": "profiles",
+    "registered_profiles": "profiles",
+    "set_default_profile_chooser": "profiles",
+    "uninstall": "profiles",
+    "unregister_profile": "profiles",
+    "verify": "profiles",
+    "ActivePatch": "registry",
+    "active_patches": "registry",
+}
+
+__all__ = [
+    "ActivePatch",
+    "Original",
+    "PatchSet",
+    "PatchSpec",
+    "Profile",
+    "active_patches",
+    "active_profiles",
+    "add_keyword_params",
+    "default_profile",
+    "has_default_profile_chooser",
+    "install",
+    "installed",
+    "patched",
+    "register_profile",
+    "registered_profiles",
+    "set_default_profile_chooser",
+    "uninstall",
+    "unregister_profile",
+    "verify",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

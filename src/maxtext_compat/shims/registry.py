@@ -2,16 +2,21 @@
 
 Why a registry: patches are applied in every vLLM process by a plugin and removed by
 `uninstall()`; users and the doctor need to see, per process, what is patched, by whom,
-and from which profile.
+and from which profile. Two profiles may patch the same target (stacked), so a record
+is keyed by (target, profile), and records keep install order within a target.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 _LOCK = threading.RLock()
-_ACTIVE: dict[str, ActivePatch] = {}
+_ACTIVE: dict[tuple[str, str], ActivePatch] = {}
+_ORDER: dict[tuple[str, str], int] = {}
+_COUNTER = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -19,21 +24,57 @@ class ActivePatch:
     target: str  # "module:Class.attribute"
     origin: str  # what replaced it ("maxtext_compat.shims.<module>.<function>")
     profile: str  # the shim profile that installed it
+    aliases: tuple[str, ...] = ()  # other "module:name" globals swapped with it
+    stacked_on: str = ""  # what it wraps when that is not the original ("profile X", "foreign <type>")
+    pid: int = field(default_factory=os.getpid)  # the process that installed it (differs after fork)
 
     def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+        """The three keys `doctor` prints; `details()` has the rest."""
+        return {"target": self.target, "origin": self.origin, "profile": self.profile}
+
+    def details(self) -> dict[str, object]:
+        return {**self.as_dict(), "aliases": list(self.aliases), "stacked_on": self.stacked_on, "pid": self.pid}
 
 
 def record(patch: ActivePatch) -> None:
-    with _LOCK:
-        _ACTIVE[patch.target] = patch
+    record_many([patch])
 
 
-def forget(target: str) -> None:
+def record_many(patches: list[ActivePatch]) -> None:
+    """Record (or update) patches; a target keeps its place when re-recorded."""
     with _LOCK:
-        _ACTIVE.pop(target, None)
+        for patch in patches:
+            key = (patch.target, patch.profile)
+            _ACTIVE[key] = patch
+            if key not in _ORDER:
+                _ORDER[key] = next(_COUNTER)
+
+
+def forget(target: str, profile: str | None = None) -> None:
+    """Drop the record of `target` for `profile` (every profile when None)."""
+    with _LOCK:
+        keys = [k for k in _ACTIVE if k[0] == target and (profile is None or k[1] == profile)]
+        for key in keys:
+            del _ACTIVE[key]
+            del _ORDER[key]
+
+
+def forget_many(keys: list[tuple[str, str]]) -> None:
+    """Drop the records of these (target, profile) pairs."""
+    with _LOCK:
+        for key in keys:
+            if _ACTIVE.pop(key, None) is not None:
+                del _ORDER[key]
 
 
 def active_patches() -> list[ActivePatch]:
+    """Active patches sorted by target, stacked ones in install order (innermost first)."""
     with _LOCK:
-        return sorted(_ACTIVE.values(), key=lambda p: p.target)
+        return [_ACTIVE[k] for k in sorted(_ACTIVE, key=lambda k: (k[0], _ORDER[k]))]
+
+
+# A fork while another thread holds the lock would leave the child's copy locked forever.
+# Registered before patching.py registers its own (patching imports this module), so the
+# before-fork hooks (run in reverse order) take patching's lock first, then this one: the
+# same order as every other code path.
+os.register_at_fork(before=_LOCK.acquire, after_in_parent=_LOCK.release, after_in_child=_LOCK.release)

@@ -1,0 +1,320 @@
+"""Named shim profiles and the public install / uninstall API.
+
+Why profiles: a shim is a set of patches that only works together (the vLLM backport
+needs Attention and every decoder layer), so a plugin, the CLI and tests install and
+remove a whole named set. A profile is registered with a builder that returns its
+`PatchSpec`s; the builder runs at the first install (its result is kept until the profile
+is registered again), so registering imports nothing heavy.
+
+Rules (per process; vLLM loads its plugins in every process, sometimes twice):
+- `install(name)` when `name` is active is a no-op that returns the active `PatchSet`.
+- Installing another profile while one is active installs it as a separate patch set
+  on top: shared targets get a second, outer wrapper. Each profile is removed on its own,
+  in any order (a layer beneath another is spliced out), and `uninstall()` removes all,
+  newest first.
+- `install()` without a name asks the default-profile chooser (a hook given the resolved
+  matrix row); the chooser may answer None: "this install needs no shim".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from maxtext_compat.errors import InvalidArgumentError, ProfileError
+from maxtext_compat.shims import patching
+from maxtext_compat.shims.patching import PatchSet, PatchSpec
+
+if TYPE_CHECKING:
+    from maxtext_compat.resolver import Resolution
+
+__all__ = [
+    "Profile",
+    "active_profiles",
+    "default_profile",
+    "has_default_profile_chooser",
+    "install",
+    "installed",
+    "patched",
+    "register_profile",
+    "registered_profiles",
+    "set_default_profile_chooser",
+    "uninstall",
+    "unregister_profile",
+    "verify",
+]
+
+log = logging.getLogger(__name__)
+
+ProfileBuilder = Callable[[], Iterable[PatchSpec]]
+ProfileChooser = Callable[["Resolution"], "str | None"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    builder: ProfileBuilder
+    description: str = ""
+
+
+_PROFILES: dict[str, Profile] = {}
+_SPECS: dict[str, tuple[PatchSpec, ...]] = {}  # builder output, built at the first install
+_INSTALLED: dict[str, PatchSet] = {}  # insertion order = install order
+_CHOOSER: list[ProfileChooser | None] = [None]
+
+
+def register_profile(name: str, builder: ProfileBuilder, *, description: str = "", replace: bool = False) -> None:
+    """Register `builder` (called at each install, returns the PatchSpecs) under `name`."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgumentError(
+            "a profile needs a name",
+            argument="register_profile(name)",
+            expected="a non-empty string such as 'vllm-backport'",
+            found=repr(name),
+            fix="pass the profile name",
+        )
+    if not callable(builder):
+        raise InvalidArgumentError(
+            "a profile builder must be callable",
+            argument=f"register_profile({name!r}).builder",
+            expected="a function returning PatchSpecs",
+            found=type(builder).__name__,
+            fix="pass a function, e.g. lambda: [PatchSpec(...)]",
+        )
+    with patching.LOCK:
+        if name in _PROFILES and not replace:
+            raise ProfileError(
+                f"profile {name!r} is already registered",
+                argument=name,
+                expected="a new name",
+                found=f"registered by {_qualname(_PROFILES[name].builder)}",
+                fix="choose another name, or register_profile(..., replace=True)",
+            )
+        if name in _INSTALLED:
+            raise ProfileError(
+                f"profile {name!r} is installed; it cannot be replaced while active",
+                argument=name,
+                expected="an inactive profile",
+                found="installed",
+                fix=f"uninstall({name!r}) first",
+            )
+        _PROFILES[name] = Profile(name, builder, description)
+        _SPECS.pop(name, None)
+
+
+def unregister_profile(name: str) -> None:
+    with patching.LOCK:
+        _get(name)
+        if name in _INSTALLED:
+            raise ProfileError(
+                f"profile {name!r} is installed; it cannot be unregistered while active",
+                argument=name,
+                expected="an inactive profile",
+                found="installed",
+                fix=f"uninstall({name!r}) first",
+            )
+        del _PROFILES[name]
+        _SPECS.pop(name, None)
+
+
+def registered_profiles() -> dict[str, str]:
+    """Registered profile names and their descriptions."""
+    with patching.LOCK:
+        return {name: p.description for name, p in sorted(_PROFILES.items())}
+
+
+def set_default_profile_chooser(chooser: ProfileChooser | None) -> ProfileChooser | None:
+    """Set the hook `install()` uses without a name; returns the previous one.
+
+    The hook gets the resolved matrix row (`maxtext_compat.resolve()`) and returns a
+    registered profile name, or None when the installed MaxText needs no shim.
+    """
+    if chooser is not None and not callable(chooser):
+        raise InvalidArgumentError(
+            "the default-profile chooser must be callable",
+            argument="set_default_profile_chooser",
+            expected="Callable[[Resolution], str | None] or None",
+            found=type(chooser).__name__,
+            fix="pass a function of the Resolution",
+        )
+    with patching.LOCK:
+        previous, _CHOOSER[0] = _CHOOSER[0], chooser
+        return previous
+
+
+def has_default_profile_chooser() -> bool:
+    """Whether `install()` without a name can pick a profile (the vLLM plugin asks first)."""
+    return _CHOOSER[0] is not None
+
+
+def default_profile(resolution: Resolution | None = None) -> str | None:
+    """The profile the chooser picks for `resolution` (resolved from the install when None)."""
+    chooser = _CHOOSER[0]
+    if chooser is None:
+        raise ProfileError(
+            "no profile given and no default-profile chooser is set",
+            argument="install(profile=None)",
+            expected="a profile name, or a chooser set with set_default_profile_chooser()",
+            found=f"registered profiles {sorted(_PROFILES)}",
+            fix="pass install(profile=...) with one of the registered profiles",
+        )
+    if resolution is None:
+        from maxtext_compat.resolver import resolve
+
+        resolution = resolve()
+    name = chooser(resolution)
+    if name is not None and name not in _PROFILES:
+        raise ProfileError(
+            f"the default-profile chooser picked unknown profile {name!r}",
+            argument=_qualname(chooser),
+            expected=f"one of {sorted(_PROFILES)} or None",
+            found=repr(name),
+            fix="register the profile before installing, or fix the chooser",
+        )
+    return name
+
+
+def install(
+    profile: str | None = None, *, stack: bool = False, resolution: Resolution | None = None
+) -> PatchSet | None:
+    """Install `profile` (or the chooser's pick) in this process; all of its patches or none.
+
+    A no-op returning the active PatchSet when it is already installed. `stack=True` wraps
+    targets someone else already wrapped instead of raising PatchConflictError. Returns
+    None only when the chooser decided no shim is needed.
+    """
+    name = profile if profile is not None else default_profile(resolution)
+    if name is None:
+        log.info("maxtext-compat: the default-profile chooser selected no shim for this install")
+        return None
+    with patching.LOCK:
+        existing = _INSTALLED.get(name)
+        prof = _get(name)
+    if existing is not None:
+        return existing
+    specs = _build(prof)
+    patching.import_modules(specs)  # outside the lock: imports may run code that installs shims
+    with patching.LOCK:
+        existing = _INSTALLED.get(name)
+        if existing is not None:
+            return existing
+        patch_set = patching.apply(name, specs, stack=stack)
+        _INSTALLED[name] = patch_set
+    if log.isEnabledFor(logging.INFO):
+        log.info("maxtext-compat: installed profile %r: %s", name, ", ".join(patch_set.targets) or "no targets")
+    return patch_set
+
+
+def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
+    """Remove `profile` (every active profile, newest first, when None); returns what was removed.
+
+    Idempotent: a registered profile that is not installed is a no-op. Every profile is
+    checked before any is removed; if another patcher replaced our wrappers this raises
+    PatchConflictError and changes nothing, unless `force=True` puts the originals back.
+    """
+    with patching.LOCK:
+        if profile is None:
+            names = list(reversed(_INSTALLED))
+        else:
+            _get(profile)
+            names = [profile] if profile in _INSTALLED else []
+        if not force and len(names) > 1:  # remove() checks a single profile itself
+            for name in names:
+                patching.check_removable(_INSTALLED[name])
+        for name in names:
+            patching.remove(_INSTALLED[name], force=force)
+            del _INSTALLED[name]
+    if names:
+        log.info("maxtext-compat: uninstalled profile(s) %s", names)
+    return names
+
+
+def installed(profile: str | None = None) -> bool:
+    """Whether `profile` (any profile when None) is installed in this process."""
+    with patching.LOCK:
+        return bool(_INSTALLED) if profile is None else profile in _INSTALLED
+
+
+def active_profiles() -> list[str]:
+    """Installed profiles, oldest first."""
+    with patching.LOCK:
+        return list(_INSTALLED)
+
+
+def verify(profile: str | None = None) -> dict[str, list[str]]:
+    """Per installed profile, the locations whose wrapper someone else removed or replaced."""
+    with patching.LOCK:
+        names = list(_INSTALLED) if profile is None else [n for n in _INSTALLED if n == profile]
+        return {name: patching.drift(_INSTALLED[name]) for name in names}
+
+
+@contextmanager
+def patched(
+    profile: str | None = None, *, stack: bool = False, force: bool = False, resolution: Resolution | None = None
+) -> Iterator[PatchSet | None]:
+    """Install for the duration of a `with` block, even when the block raises.
+
+    A profile that was already installed on entry stays installed on exit (it belongs to
+    whoever installed it), so nested blocks and plugin-installed shims are safe.
+    """
+    name = profile if profile is not None else default_profile(resolution)
+    if name is None:
+        yield None
+        return
+    was_installed = installed(name)
+    patch_set = install(name, stack=stack)
+    try:
+        yield patch_set
+    finally:
+        if not was_installed:
+            uninstall(name, force=force)
+
+
+def _get(name: str) -> Profile:
+    prof = _PROFILES.get(name)
+    if prof is None:
+        raise ProfileError(
+            f"unknown shim profile {name!r}",
+            argument=name,
+            expected=f"one of {sorted(_PROFILES)}",
+            found=repr(name),
+            fix="register it with register_profile(), or check the spelling",
+        )
+    return prof
+
+
+def _build(prof: Profile) -> tuple[PatchSpec, ...]:
+    """The profile's specs, built once per registration (the profile is fixed for the process)."""
+    cached = _SPECS.get(prof.name)
+    if cached is not None and _PROFILES.get(prof.name) is prof:
+        return cached
+    try:
+        specs = tuple(prof.builder())
+    except Exception as exc:
+        raise ProfileError(
+            f"building profile {prof.name!r} failed",
+            argument=prof.name,
+            expected="the builder returns PatchSpecs",
+            found=f"{type(exc).__name__}: {exc}",
+            fix=f"fix {_qualname(prof.builder)}",
+        ) from exc
+    wrong = [s for s in specs if not isinstance(s, PatchSpec)]
+    if wrong:
+        raise ProfileError(
+            f"profile {prof.name!r} built something other than PatchSpecs",
+            argument=prof.name,
+            expected="PatchSpec instances",
+            found=", ".join(type(s).__name__ for s in wrong),
+            fix=f"make {_qualname(prof.builder)} return PatchSpec(...) objects",
+        )
+    with patching.LOCK:
+        if _PROFILES.get(prof.name) is prof:
+            _SPECS[prof.name] = specs
+    return specs
+
+
+def _qualname(obj: object) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
