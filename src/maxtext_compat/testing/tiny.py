@@ -258,3 +258,16 @@ def tiny_inputs(cfg: Any, *, batch: int = 2, seq: int = 16, seed: int = 1) -> di
         "positions": jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq)),
         "segment_ids": jnp.ones((batch, seq), jnp.int32),
     }
+
+
+def tiny_transformer(
+    cfg: Any, mesh: Any, *, model_mode: str | None = None, seed: int = 0, row: MaxTextRow | None = None
+) -> Any:
+    """MaxText's own NNX Transformer (0.1.0 wraps its Linen Decoder with ToNNX) with random weights."""
+    from flax import nnx
+
+    a = api(row)
+    Transformer = a.cls("transformer")
+    mode = model_mode if model_mode is not None else a.modes[0]
+    with mesh_context(cfg, mesh, row=a.row):
+        return Transformer(cfg, mesh, quant=None, model_mode=mode, rngs=nnx.Rngs(params=seed, dropout=seed + 1))

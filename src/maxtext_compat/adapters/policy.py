@@ -1,0 +1,130 @@
+"""Deprecation policy for old-convention calls, and strict mode for new calls.
+
+Why per call site: a training loop calls the same layer millions of times; users want one
+`DeprecationWarning` per place in *their* code that still uses the old convention, with the
+migration line, and the matrix's deadline (`ends_in`) to hold whatever the filter settings.
+Strict mode exists because the worst MaxText KV-cache bugs were silent (a dropped KV list
+decodes garbage without an error).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from packaging.version import Version
+
+from maxtext_compat.errors import CompatError, InvalidArgumentError
+from maxtext_compat.matrix import POLICIES, MaxTextRow
+
+POLICY_ENV = "MAXTEXT_COMPAT_DEPRECATION"
+STRICT_ENV = "MAXTEXT_COMPAT_STRICT"
+
+_lock = threading.Lock()
+_override: dict[str, object] = {}
+_seen_sites: set[tuple[str, int]] = set()
+
+
+class OldConventionError(CompatError, RuntimeError):
+    """An old-convention call under policy `error`, or past the matrix's `ends_in` release."""
+
+
+class KVCacheNotUpdatedError(CompatError, RuntimeError):
+    """Strict mode: a new call returned no KV cache, or returned it untouched after a step that writes it."""
+
+
+def set_deprecation_policy(policy: str | None) -> None:
+    """Override the matrix row's policy for this process (None goes back to the row)."""
+    if policy is not None and policy not in POLICIES:
+        raise InvalidArgumentError(
+            "unknown deprecation policy", argument="policy", expected=f"one of {list(POLICIES)}", found=repr(policy)
+        )
+    with _lock:
+        _override["policy"] = policy
+        _seen_sites.clear()
+
+
+def set_strict(strict: bool | None) -> None:
+    """Turn strict mode on/off for this process (None goes back to $MAXTEXT_COMPAT_STRICT)."""
+    with _lock:
+        _override["strict"] = strict
+
+
+@contextmanager
+def strict_mode(strict: bool = True) -> Iterator[None]:
+    previous = _override.get("strict")
+    set_strict(strict)
+    try:
+        yield
+    finally:
+        set_strict(previous)  # type: ignore[arg-type]
+
+
+def effective_policy(row: MaxTextRow, override: str | None = None) -> str:
+    if override is not None:
+        return override
+    forced = _override.get("policy") or os.environ.get(POLICY_ENV)
+    if forced:
+        if forced not in POLICIES:
+            raise InvalidArgumentError(
+                f"{POLICY_ENV} is not a policy", argument=POLICY_ENV, expected=f"one of {list(POLICIES)}", found=forced
+            )
+        return str(forced)
+    return row.deprecation.policy
+
+
+def effective_strict(override: bool | None = None) -> bool:
+    if override is not None:
+        return override
+    forced = _override.get("strict")
+    if forced is not None:
+        return bool(forced)
+    return os.environ.get(STRICT_ENV, "").lower() in ("1", "true", "yes", "on")
+
+
+_INTERNAL = ("maxtext_compat.", "flax.", "jax.", "jax._src", "contextlib", "functools")
+
+
+def _call_site():
+    """The first frame outside maxtext-compat, flax and jax: the user's line that made the call."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(_INTERNAL) and name not in ("maxtext_compat", "flax", "jax"):
+            return frame
+        frame = frame.f_back
+    return frame
+
+
+def check_old_call(row: MaxTextRow, kind: str, where: str, override: str | None = None) -> None:
+    """Apply the deprecation policy to an old-convention call (the caller is two frames up)."""
+    dep = row.deprecation
+    past_deadline = dep.ends_in is not None and row.release >= Version(dep.ends_in)
+    policy = "error" if past_deadline else effective_policy(row, override)
+    if policy == "ignore":
+        return
+    message = (
+        f"old call convention for {where} on MaxText {row.name}"
+        + (f" (deprecated since {dep.since}" if dep.since else " (")
+        + (f", removed in {dep.ends_in})" if dep.ends_in else ")")
+        + f": {dep.migration}"
+    )
+    if policy == "error":
+        raise OldConventionError(
+            message,
+            argument="call convention",
+            expected="the new call (kv_cache= / attention_metadata=)",
+            found="an old call",
+            fix=dep.migration,
+        )
+    frame = _call_site()
+    site = (frame.f_code.co_filename, frame.f_lineno)
+    with _lock:
+        if site in _seen_sites:
+            return
+        _seen_sites.add(site)
+    warnings.warn_explicit(message, DeprecationWarning, site[0], site[1], module=frame.f_globals.get("__name__"))

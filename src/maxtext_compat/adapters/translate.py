@@ -1,0 +1,112 @@
+"""Translate a caller's arguments into the keyword call the installed release accepts.
+
+Why keywords: positional slots moved between releases (`out_sharding` became Attention's
+fifth positional parameter in 0.2.0; #3372 reordered LlamaDecoderLayer's tail), so the
+adapter binds the caller's arguments against the advertised signature and then calls the
+native module only by keyword. Parameters the release lacks are dropped only when they
+carry no value (None); anything else is translated or refused with a typed error that names
+the argument, the release and the alternative.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from maxtext_compat.adapters.signature import NEW_PARAMS
+from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.matrix import MaxTextRow
+
+# Why a parameter cannot be passed to a release that lacks it, and what to do instead.
+REFUSALS: dict[str, str] = {
+    "page_state": (
+        "MaxText removed its own paged attention (PR #3948, 0.2.3); pass kv_cache= and attention_metadata= to use "
+        "tpu-inference's ragged paged attention instead"
+    ),
+    "rope_kwargs": "this release's RoPE takes no per-call arguments; configure RoPE in the MaxText config instead",
+    "shared_key": "cross-layer KV sharing (Gemma 4) needs MaxText 0.2.3 or newer",
+    "shared_value": "cross-layer KV sharing (Gemma 4) needs MaxText 0.2.3 or newer",
+    "model_mode": "this release fixes model_mode when the module is constructed; construct it with that model_mode",
+    "multimodal_input": "multimodal inputs are passed as image_embeddings/bidirectional_mask in this release",
+    "cache": "this release's Transformer takes no `cache` argument",
+}
+
+
+@dataclass
+class Translated:
+    """The native keyword call plus what the adapter must do around it."""
+
+    kwargs: dict[str, Any]
+    is_new: bool
+    kv: Any = None  # kv_cache (attention / layer) or kv_caches (decoder / transformer)
+    metadata: Any = None
+    out_sharding: Any = None  # applied by the adapter when the release has no such parameter
+    dropped: list[str] = field(default_factory=list)
+
+
+def bind(advertised: inspect.Signature, args: tuple[Any, ...], kwargs: Mapping[str, Any], where: str) -> dict:
+    try:
+        bound = advertised.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgumentTypeError(
+            f"the call does not fit {where}: {exc}",
+            argument="arguments",
+            expected=f"{where}{advertised}",
+            found=f"{len(args)} positional argument(s) and keywords {sorted(kwargs)}",
+            fix="pass the arguments by keyword as in the signature above",
+        ) from None
+    arguments = dict(bound.arguments)
+    var_kw = [p.name for p in advertised.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    for name in var_kw:
+        arguments.update(arguments.pop(name, {}))
+    return arguments
+
+
+def translate(
+    kind: str,
+    row: MaxTextRow,
+    native: inspect.Signature,
+    advertised: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    where: str,
+) -> Translated:
+    """Bind against the advertised signature and produce the native keyword call."""
+    arguments = bind(advertised, args, kwargs, where)
+    kv_name, md_name = NEW_PARAMS[kind]
+    kv = arguments.pop(kv_name, None)
+    md = arguments.pop(md_name, None)
+    is_new = kv is not None or md is not None
+    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in native.parameters.values())
+    out = Translated(kwargs={}, is_new=is_new, kv=kv, metadata=md)
+    if is_new and kv_name in native.parameters:
+        out.kwargs[kv_name] = kv
+        out.kwargs[md_name] = md
+    for name, value in arguments.items():
+        if name in native.parameters or has_var_kw:
+            out.kwargs[name] = value
+        elif value is None:
+            out.dropped.append(name)  # absent and unset: nothing to translate
+        elif name == "out_sharding":
+            out.out_sharding = value  # 0.1.0 has no out_sharding: the adapter constrains the output
+        else:
+            reason = REFUSALS.get(name, "this release has no such parameter")
+            raise InvalidArgumentError(
+                f"MaxText {row.name} cannot take `{name}` in {where}: {reason}",
+                argument=name,
+                expected=f"None (MaxText {row.name} has no `{name}` parameter)",
+                found=_describe(value),
+                fix=reason,
+            )
+    return out
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{type(value).__name__} of shape {tuple(shape)}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,271 @@
+"""`wrap()`: MaxText modules that accept both call conventions on every release.
+
+Why subclasses: an adapted class is a subclass of the MaxText class, so an adapter is usable
+wherever the module is (isinstance checks, `nnx.split`/`merge`/`state`, `nnx.jit`, as a
+submodule, Linen `init`/`apply`), its parameter tree is the module's own, and wrapping an
+instance shares the instance's parameters instead of copying them. Only `__call__` changes:
+it translates the arguments (see translate.py), runs the native call by keyword, and returns
+the convention the caller used (see returns.py). On a release without the vLLM path
+(0.1.0) a new call runs through the backport (see maxtext_compat.backport).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import threading
+from typing import Any
+
+from maxtext_compat.adapters import policy
+from maxtext_compat.adapters.returns import is_scan_carry, new_return, old_return
+from maxtext_compat.adapters.signature import KINDS, advertised_signature, kind_from_signature, native_signature
+from maxtext_compat.adapters.translate import Translated, translate
+from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.matrix import MaxTextRow
+
+TRAIN = "train"
+_lock = threading.Lock()
+_ADAPTED: dict[tuple[type, str, str], type] = {}
+
+ADAPTER_ATTRS = ("_mc_kind", "_mc_row", "_mc_native", "_mc_policy", "_mc_strict")
+
+
+def _row(row: MaxTextRow | None) -> MaxTextRow:
+    if row is not None:
+        return row
+    from maxtext_compat.testing.tiny import installed_row
+
+    return installed_row()
+
+
+def kind_of(cls: type, row: MaxTextRow) -> str:
+    """Which layer kind a MaxText class is: by the matrix row's classes, then by its signature."""
+    for key, kind in (
+        ("attention", "attention"),
+        ("decoder", "decoder"),
+        ("nnx_decoder", "decoder"),
+        ("transformer", "transformer"),
+        ("transformer_linen", "transformer"),
+    ):
+        ref = row.classes.get(key)
+        if ref is not None and ref.qualname == cls.__name__ and cls.__module__ == ref.module:
+            return kind
+    found = kind_from_signature(native_signature(cls.__call__))
+    if found is None:
+        raise InvalidArgumentTypeError(
+            f"{cls.__module__}.{cls.__qualname__} is not a MaxText Attention, decoder layer, Decoder or Transformer",
+            argument="module",
+            expected="an instance or class of MaxText's Attention, a decoder layer, the Decoder or the Transformer",
+            found=f"{cls.__qualname__}{native_signature(cls.__call__)}",
+            fix="wrap one of those, or pass kind= explicitly",
+        )
+    return found
+
+
+def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None = None) -> type:
+    """The subclass of `cls` whose __call__ follows the two-convention call rule (cached)."""
+    if getattr(cls, "_mc_native", None) is not None:
+        return cls  # already adapted
+    r = _row(row)
+    k = kind or kind_of(cls, r)
+    if k not in KINDS:
+        raise InvalidArgumentError("unknown kind", argument="kind", expected=f"one of {list(KINDS)}", found=repr(k))
+    key = (cls, r.name, k)
+    with _lock:
+        if key in _ADAPTED:
+            return _ADAPTED[key]
+        native = native_signature(cls.__call__)
+        advertised = advertised_signature(native, k)
+        where = f"{cls.__qualname__}.__call__"
+
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return _call(self, cls, k, r, native, advertised, where, args, kwargs)
+
+        params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *advertised.parameters.values()]
+        __call__.__signature__ = advertised.replace(parameters=params)  # type: ignore[attr-defined]
+        __call__.__doc__ = (
+            f"{cls.__qualname__}.__call__ with both call conventions (maxtext-compat, MaxText {r.name}).\n\n"
+            "Old call (no kv_cache / attention_metadata): the pre-#2616 return. New call: the vLLM return."
+        )
+        namespace = {
+            "__call__": __call__,
+            "__module__": cls.__module__,
+            "__qualname__": f"Compat{cls.__qualname__}",
+            "_mc_kind": k,
+            "_mc_row": r,
+            "_mc_native": cls,
+        }
+        adapted = type(f"Compat{cls.__name__}", (cls,), namespace)
+        _ADAPTED[key] = adapted
+        return adapted
+
+
+def wrap(
+    module: Any,
+    *,
+    row: MaxTextRow | None = None,
+    kind: str | None = None,
+    deprecation: str | None = None,
+    strict: bool | None = None,
+) -> Any:
+    """Wrap a MaxText module (class or instance) so it takes both call conventions.
+
+    A class gives the adapted subclass (construct it as usual). An NNX instance gives an
+    adapted instance sharing the wrapped instance's variables (no copies). An unbound Linen
+    instance gives an adapted clone (Linen modules hold no parameters; init/apply as usual).
+    deprecation / strict override the matrix row's policy and strict mode for this adapter.
+    """
+    if deprecation is not None and deprecation not in ("ignore", "warn", "error"):
+        raise InvalidArgumentError(
+            "unknown deprecation policy", argument="deprecation", expected="ignore, warn or error", found=deprecation
+        )
+    if isinstance(module, type):
+        if deprecation is not None or strict is not None:
+            raise InvalidArgumentError(
+                "per-adapter deprecation/strict apply to instances",
+                argument="deprecation/strict",
+                found="a class",
+                fix="use maxtext_compat.adapters.set_deprecation_policy / set_strict for classes",
+            )
+        return adapted_class(module, row=row, kind=kind)
+    cls = adapted_class(type(module), row=row, kind=kind)
+    if type(module) is cls and deprecation is None and strict is None:
+        return module
+    new = _clone_into(module, cls)
+    new.__dict__["_mc_policy"] = deprecation
+    new.__dict__["_mc_strict"] = strict
+    return new
+
+
+def _clone_into(module: Any, cls: type) -> Any:
+    try:
+        from flax import linen as nn
+    except ImportError:  # pragma: no cover - MaxText always brings flax
+        nn = None
+    if nn is not None and isinstance(module, nn.Module):
+        if module.scope is not None:
+            raise InvalidArgumentError(
+                "cannot wrap a bound Linen module (one inside init/apply)",
+                argument="module",
+                found=f"bound {type(module).__qualname__}",
+                fix="wrap the class, or the unbound module before init/apply",
+            )
+        fields = {f.name: getattr(module, f.name) for f in dataclasses.fields(module) if f.init}
+        return cls(**fields)
+    new = object.__new__(cls)
+    new.__dict__.update(module.__dict__)  # same Variables and submodules: parameters are shared
+    return new
+
+
+# ----------------------------------------------------------------------------------------------
+# The call rule
+# ----------------------------------------------------------------------------------------------
+
+
+def _mode(module: Any, kind: str, t: Translated, explicit: Any) -> str:
+    if explicit is not None:
+        return str(explicit)
+    mode = t.kwargs.get("model_mode")
+    if mode is None:
+        mode = getattr(module, "model_mode", None)
+    return str(mode) if mode is not None else TRAIN
+
+
+def _call(
+    self: Any,
+    native_cls: type,
+    kind: str,
+    row: MaxTextRow,
+    native: inspect.Signature,
+    advertised: inspect.Signature,
+    where: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    native_call = native_cls.__call__
+    explicit_mode = None
+    if "model_mode" in kwargs and "model_mode" not in native.parameters:
+        explicit_mode = kwargs.pop("model_mode")  # a construction field in this release: consumed here
+    t = translate(kind, row, native, advertised, args, kwargs, where=where)
+    first = next(iter(t.kwargs.values()), None)
+    if kind == "decoder_layer" and is_scan_carry(first):
+        return native_call(self, **t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
+    if not t.is_new:
+        if explicit_mode is not None and explicit_mode != getattr(self, "model_mode", explicit_mode):
+            raise InvalidArgumentError(
+                f"MaxText {row.name} fixes model_mode when {native_cls.__qualname__} is constructed",
+                argument="model_mode",
+                expected=repr(getattr(self, "model_mode", None)),
+                found=repr(explicit_mode),
+                fix=f"construct the module with model_mode={explicit_mode!r}",
+            )
+        policy.check_old_call(row, kind, where, self.__dict__.get("_mc_policy"))
+        result = native_call(self, **t.kwargs)
+        return _constrain(old_return(kind, row, self, result), t, kind)
+    mode = _mode(self, kind, t, explicit_mode)
+    writes = mode != TRAIN
+    if writes and (t.kv is None or t.metadata is None):
+        missing = "attention_metadata" if t.metadata is None else _kv_name(kind)
+        raise InvalidArgumentError(
+            f"a new call in model_mode {mode!r} needs both {_kv_name(kind)} and attention_metadata",
+            argument=missing,
+            expected="a value (the vLLM path writes the KV cache)",
+            found="None",
+            fix=f"pass {missing}=...; build both with maxtext_compat.paged (layout + build_metadata)",
+        )
+    if row.has_kv_params:
+        if writes:
+            _check_native_vllm(self, row, where)
+        result = new_return(kind, row, self, native_call(self, **t.kwargs))
+    else:
+        from maxtext_compat.backport.call import backport_call
+
+        result = backport_call(self, native_cls, kind, row, t, writes, where)
+    if writes and policy.effective_strict(self.__dict__.get("_mc_strict")):
+        _check_kv(kind, t.kv, result, where)
+    return result
+
+
+def _kv_name(kind: str) -> str:
+    return "kv_caches" if kind in ("decoder", "transformer") else "kv_cache"
+
+
+def _constrain(result: Any, t: Translated, kind: str) -> Any:
+    if t.out_sharding is None:
+        return result
+    import jax
+
+    return jax.lax.with_sharding_constraint(result, t.out_sharding)
+
+
+def _check_native_vllm(module: Any, row: MaxTextRow, where: str) -> None:
+    cfg = getattr(module, "config", None)
+    modes = row.vllm.attention_modes if row.vllm else ()
+    attention = getattr(cfg, "attention", None)
+    if cfg is not None and attention not in modes:
+        raise InvalidArgumentError(
+            f"MaxText {row.name} only writes the paged KV cache when its config says attention='vllm_rpa'",
+            argument="config.attention",
+            expected=f"one of {list(modes)}",
+            found=repr(attention),
+            fix="build the config from MaxText's configs/inference/vllm.yml (maxtext_compat.testing.tiny."
+            "tiny_config(vllm=True)), or call the old way",
+        )
+
+
+def _check_kv(kind: str, given: Any, result: Any, where: str) -> None:
+    returned = result[-1] if kind != "transformer" else result[1]
+    pairs = list(zip(given, returned, strict=False)) if kind in ("decoder", "transformer") else [(given, returned)]
+    if kind in ("decoder", "transformer") and (returned is None or len(returned) != len(given)):
+        pairs = [(given, None)]
+    for i, (before, after) in enumerate(pairs):
+        if after is None or (isinstance(after, (list, tuple)) and len(after) == 0) or after is before:
+            what = "no KV cache" if after is None or isinstance(after, (list, tuple)) else "the KV cache unchanged"
+            raise policy.KVCacheNotUpdatedError(
+                f"strict mode: {where} returned {what}" + (f" for layer {i}" if len(pairs) > 1 else ""),
+                argument=_kv_name(kind),
+                expected="an updated KV cache (the step writes new tokens)",
+                found=what,
+                fix="fix the layer (see `maxtext-compat doctor` known defects, e.g. scan-kv-carry-missing) "
+                "or install the shim that does (maxtext_compat.shims.install())",
+            )

@@ -1,0 +1,41 @@
+"""A new-convention call on a release without the vLLM path: run it inside a KV session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maxtext_compat.adapters.translate import Translated
+from maxtext_compat.backport import hooks
+from maxtext_compat.backport.attention import rpa_mesh_for
+from maxtext_compat.backport.session import BackportError, kv_session
+from maxtext_compat.matrix import MaxTextRow
+
+
+def backport_call(
+    module: Any, native_cls: type, kind: str, row: MaxTextRow, t: Translated, writes: bool, where: str
+) -> Any:
+    """Run the native old call with attention routed to RPA; return the new convention.
+
+    writes=False (train mode) follows MaxText 0.2.x: no RPA, the caches come back as given.
+    """
+    hooks.ensure_installed(row)
+    native_call = native_cls.__call__  # looked up after the hooks are in place
+    many = kind in ("decoder", "transformer")
+    caches = list(t.kv) if many and t.kv is not None else [t.kv]
+    mesh = getattr(module, "mesh", None)
+    if writes and mesh is None:
+        raise BackportError(f"{where} has no mesh to run ragged paged attention on", argument="mesh")
+    rpa_mesh = rpa_mesh_for(mesh) if writes else None
+    with kv_session(caches, t.metadata, rpa_mesh, where, route=writes) as session:
+        result = native_call(module, **t.kwargs)
+        if writes:
+            session.check_complete()
+    updated = session.updated if writes else caches
+    if kind == "attention":
+        return result, updated[0]
+    if kind == "decoder_layer":
+        y = result[0] if isinstance(result, tuple) else result
+        return y, updated[0]
+    if kind == "decoder":
+        return result[0], result[1], updated
+    return session.hidden, updated
