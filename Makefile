@@ -14,6 +14,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 help:
 	@echo "make demo   - set up, then run the main job"
 	@echo "make test   - set up, then run every test in every environment (writes build/compat-report.md)"
+	@echo "make bench  - benchmarks (writes build/bench.md)"
 
 $(TOOLS)/bin/uv:
 	python3 -m venv $(TOOLS)
@@ -39,6 +40,10 @@ demo: envs
 
 test: envs lint
 	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build
+
+bench: envs
+	mkdir -p build
+	MAXTEXT_COMPAT_ENV=maxtext-0.2.5 .envs/maxtext-0.2.5/bin/python benchmarks/bench_paged.py --out build/bench.md
 
 clean:
 	rm -rf .envs $(TOOLS) build

@@ -1,0 +1,402 @@
+"""One call for tpu-inference's ragged paged attention, whatever form the installed release uses.
+
+Why: tpu-inference changed `sharded_ragged_paged_attention` from a curried factory in
+`layers.jax` (0.11.x) to a flat function in `layers.common` (0.12+) and then kept adding
+keyword arguments (update_kv_cache 0.22.1, use_causal_mask 0.25, attn_logits_soft_cap 0.27).
+The compat matrix records each form; this module reads the row of the installed release,
+validates the inputs before the kernel sees them, and makes exactly the call that release
+accepts. Asking for a feature the release lacks is a typed error naming the release and the
+first one that has it, never a silently dropped argument.
+
+On a CPU backend the kernel only runs in Pallas TPU interpret mode with
+`maxtext_compat.shims.cpu_rpa` installed; the dispatcher forces interpret mode around its
+trace and refuses (typed error) when the shim is missing.
+
+Importing this module imports neither jax nor tpu-inference; the first call does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from packaging.version import Version
+
+from maxtext_compat.errors import InvalidArgumentError, KernelUnavailableError
+from maxtext_compat.matrix import CompatMatrix, TpuInferenceRow, load_matrix
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+# Values the dispatcher can fill, by the parameter names the matrix uses.
+FILLABLE = frozenset(
+    {
+        "mesh", "q", "k", "v", "kv_cache", "kv_lens", "page_indices", "cu_q_lens", "distribution",
+        "attention_sink", "sm_scale", "attention_chunk_size", "q_scale", "k_scale", "v_scale",
+        "update_kv_cache", "use_causal_mask", "attn_logits_soft_cap",
+    }
+)  # fmt: skip
+# Values that are features: a non-default value needs the release to take the parameter.
+DEFAULTS: dict[str, Any] = {
+    "attention_sink": None,
+    "attention_chunk_size": None,
+    "q_scale": None,
+    "k_scale": None,
+    "v_scale": None,
+    "update_kv_cache": True,
+    "use_causal_mask": True,
+    "attn_logits_soft_cap": None,
+}
+USER_NAMES = {"attention_chunk_size": "sliding_window", "attn_logits_soft_cap": "soft_cap"}
+
+
+# --------------------------------------------------------------------------------------------
+# Which release, which row
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InstalledRpa:
+    version: str
+    row: TpuInferenceRow
+
+    @property
+    def label(self) -> str:
+        return f"tpu-inference {self.version}"
+
+
+@functools.lru_cache(maxsize=1)
+def installed_rpa() -> InstalledRpa:
+    """The installed tpu-inference and its matrix row (read from package metadata, no import)."""
+    from maxtext_compat.versions import installed_versions
+
+    info = installed_versions().get("tpu_inference")
+    if info is None:
+        raise KernelUnavailableError(
+            "tpu-inference is not installed, so there is no ragged paged attention kernel",
+            argument="tpu_inference",
+            expected="an installed tpu-inference listed in compat_matrix.yaml",
+            fix="pip install vllm-tpu==0.32.0 (pins tpu-inference 0.32.0)",
+        )
+    m = load_matrix()
+    row = m.tpu_inference_row(info.version)
+    if row is None:
+        raise KernelUnavailableError(
+            "the installed tpu-inference is not covered by the compat matrix",
+            argument="tpu_inference",
+            expected=f"one of {[str(r.versions) for r in m.tpu_inference]}",
+            found=info.version,
+            fix="install a listed release, or add a row to compat_matrix.yaml (MAXTEXT_COMPAT_MATRIX)",
+        )
+    return InstalledRpa(info.version, row)
+
+
+def _label(row: TpuInferenceRow) -> str:
+    return f"tpu-inference {row.versions}"
+
+
+def first_release_with(name: str, matrix: CompatMatrix | None = None) -> str | None:
+    """The oldest tpu-inference release whose RPA entry point takes parameter `name`."""
+    m = matrix if matrix is not None else load_matrix()
+    found = [
+        Version(v)
+        for r in m.tpu_inference
+        if name in (*r.rpa.params, *r.rpa.factory_params, *r.rpa.optional_kwargs)
+        for v in r.releases
+    ]
+    return str(min(found)) if found else None
+
+
+def entry_point(row: TpuInferenceRow) -> Callable[..., Any]:
+    """Import the row's `sharded_ragged_paged_attention` (imports tpu-inference, vllm, torch)."""
+    try:
+        module = importlib.import_module(row.rpa.module)
+    except ImportError as exc:
+        raise KernelUnavailableError(
+            f"cannot import the RPA module the matrix names: {exc}",
+            argument="tpu_inference",
+            expected=f"{row.rpa.module} ({_label(row)})",
+            fix="install vllm-tpu with its tpu-inference (the module imports vllm and torch)",
+        ) from exc
+    fn = getattr(module, row.rpa.function, None)
+    if fn is None:
+        raise KernelUnavailableError(
+            "the RPA entry point the matrix names is missing",
+            argument="tpu_inference",
+            expected=f"{row.rpa.module}.{row.rpa.function}",
+            fix="fix the row in compat_matrix.yaml",
+        )
+    return fn
+
+
+def attention_metadata_class(row: TpuInferenceRow | None = None) -> type:
+    """tpu-inference's AttentionMetadata class for the installed (or given) release."""
+    r = row if row is not None else installed_rpa().row
+    try:
+        return getattr(importlib.import_module(r.metadata.module), r.metadata.cls)
+    except (ImportError, AttributeError) as exc:
+        raise KernelUnavailableError(
+            f"cannot load tpu-inference's AttentionMetadata: {exc}",
+            argument="tpu_inference",
+            expected=f"{r.metadata.module}:{r.metadata.cls}",
+            fix="install vllm-tpu with its tpu-inference",
+        ) from exc
+
+
+# --------------------------------------------------------------------------------------------
+# The call a row wants (pure python: unit-tested against a fake entry point for every row)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RpaCall:
+    """The exact call to make: factory args (curried form only), positional args and kwargs."""
+
+    form: str
+    factory_args: tuple[Any, ...]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    swap_returns: bool
+
+
+def check_features(row: TpuInferenceRow, values: Mapping[str, Any], *, label: str | None = None) -> None:
+    """Typed error for a non-default feature value (sink, soft cap, ...) the release does not take."""
+    rpa = row.rpa
+    label = label or _label(row)
+    takes = {*rpa.factory_params, *rpa.params, *rpa.optional_kwargs}
+    for name, default in DEFAULTS.items():
+        value = values.get(name, default)
+        if name not in takes and not _is_default(value, default):
+            since = first_release_with(name)
+            user = USER_NAMES.get(name, name)
+            raise KernelUnavailableError(
+                f"{label} does not support {user}",
+                argument=user,
+                expected=f"{user}={default!r} with this release",
+                found=f"{user}={value!r}",
+                fix=f"upgrade to tpu-inference >= {since}" if since else "drop the argument",
+            )
+
+
+def plan_call(row: TpuInferenceRow, values: Mapping[str, Any], *, label: str | None = None) -> RpaCall:
+    """Map named values onto the row's parameters; typed error for a feature the release lacks."""
+    check_features(row, values, label=label)
+    rpa = row.rpa
+    unknown = [p for p in (*rpa.factory_params, *rpa.params) if p not in FILLABLE]
+    if unknown:
+        raise KernelUnavailableError(
+            "the matrix row names RPA parameters the dispatcher cannot fill",
+            argument="compat_matrix.yaml",
+            expected=f"parameters among {sorted(FILLABLE)}",
+            found=unknown,
+            fix="teach maxtext_compat.rpa the new parameter",
+        )
+
+    def get(name: str) -> Any:
+        return values[name] if name in values else DEFAULTS[name]
+
+    if rpa.call_form == "curried":
+        factory = tuple(get(p) for p in rpa.factory_params)
+        args = tuple(get(p) for p in rpa.params)
+        kwargs: dict[str, Any] = {}
+    elif rpa.call_form == "flat":
+        factory = ()
+        args = tuple(get(p) for p in rpa.params)
+        # Listed kwargs we have no value for (decode_query_size: batched kernel only) keep their defaults.
+        kwargs = {p: get(p) for p in rpa.optional_kwargs if p in FILLABLE}
+    else:
+        raise KernelUnavailableError(
+            "unknown RPA call form in the matrix",
+            argument="rpa.call_form",
+            expected="curried|flat",
+            found=rpa.call_form,
+        )
+    order = rpa.returns.replace(" ", "")
+    if order not in ("(output,kv_cache)", "(kv_cache,output)"):
+        raise KernelUnavailableError(
+            "unknown RPA return order in the matrix",
+            argument="rpa.returns",
+            expected="(output, kv_cache) or (kv_cache, output)",
+            found=rpa.returns,
+        )
+    return RpaCall(rpa.call_form, factory, args, kwargs, order == "(kv_cache,output)")
+
+
+def call_rpa(fn: Callable[..., Any], call: RpaCall) -> tuple[Any, Any]:
+    """Make the planned call; returns (output, kv_cache) whatever order the release returns."""
+    result = fn(*call.factory_args)(*call.args) if call.form == "curried" else fn(*call.args, **call.kwargs)
+    first, second = result
+    return (second, first) if call.swap_returns else (first, second)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if default is None:
+        return value is None
+    return value is default or (isinstance(value, bool) and value == default)
+
+
+# --------------------------------------------------------------------------------------------
+# The dispatcher
+# --------------------------------------------------------------------------------------------
+
+
+def metadata_arrays(metadata: Any) -> tuple[Any, Any, Any, Any]:
+    """(kv_lens, page_indices, cu_q_lens, distribution) from our RaggedMetadata or tpu-inference's."""
+    from maxtext_compat.paged.metadata import RaggedMetadata
+
+    if isinstance(metadata, RaggedMetadata):
+        return metadata.kernel_arrays()
+    names = ("seq_lens", "block_tables", "query_start_loc", "request_distribution")
+    if all(getattr(metadata, n, None) is not None for n in names):
+        return tuple(getattr(metadata, n) for n in names)  # type: ignore[return-value]
+    raise InvalidArgumentError(
+        "metadata must carry the kernel's four arrays",
+        argument="metadata",
+        expected="maxtext_compat.paged.RaggedMetadata or tpu-inference AttentionMetadata with seq_lens, "
+        "block_tables, query_start_loc and request_distribution set",
+        found=type(metadata).__name__,
+        fix="build it with maxtext_compat.paged.build_metadata(...)",
+    )
+
+
+_JIT_LOCK = threading.Lock()
+_JIT_CACHE: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+def _compiled(fn: Callable[..., Any], row: TpuInferenceRow, mesh: Mesh, static: tuple[Any, ...]) -> Callable[..., Any]:
+    """One jitted wrapper per (entry point, row, mesh, static options): compile once per shape."""
+    import jax
+
+    key = (fn, str(row.versions), mesh, static)
+    with _JIT_LOCK:
+        cached = _JIT_CACHE.get(key)
+        if cached is not None:
+            return cached
+        sm_scale, sliding_window, soft_cap, update_kv_cache, use_causal_mask, label = static
+
+        def run(q, k, v, kv_cache, kv_lens, page_indices, cu_q_lens, distribution, attention_sink):
+            values = {
+                "mesh": mesh, "q": q, "k": k, "v": v, "kv_cache": kv_cache, "kv_lens": kv_lens,
+                "page_indices": page_indices, "cu_q_lens": cu_q_lens, "distribution": distribution,
+                "attention_sink": attention_sink, "sm_scale": sm_scale, "attention_chunk_size": sliding_window,
+                "update_kv_cache": update_kv_cache, "use_causal_mask": use_causal_mask,
+                "attn_logits_soft_cap": soft_cap,
+            }  # fmt: skip
+            return call_rpa(fn, plan_call(row, values, label=label))
+
+        compiled = jax.jit(run)
+        _JIT_CACHE[key] = compiled
+        return compiled
+
+
+def ragged_paged_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    kv_cache: Any,
+    metadata: Any,
+    *,
+    mesh: Mesh,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    attention_sink: Any = None,
+    update_kv_cache: bool = True,
+    use_causal_mask: bool = True,
+    row: TpuInferenceRow | None = None,
+) -> tuple[Any, Any]:
+    """Ragged paged attention through the installed tpu-inference; returns (out, new_kv_cache).
+
+    q [T, Nq, D], k/v [T, Nkv, D] (T = padded token rows, in the metadata's kernel order),
+    kv_cache one layer's cache (see paged.KVCacheLayout), metadata a paged.RaggedMetadata or
+    tpu-inference AttentionMetadata. The KV heads are sharded on the mesh's model axis; with
+    fewer KV heads than that axis, tpu-inference repeats them (the cache must hold the repeats,
+    which KVCacheLayout(tp=...) does). sm_scale multiplies q.k (MaxText passes 1.0 with the
+    scale folded into q); sliding_window is tpu-inference's attention_chunk_size; out rows past
+    the batch's tokens are undefined. `row` overrides the installed release's matrix row.
+    """
+    from maxtext_compat.paged.checks import check_kernel_inputs
+    from maxtext_compat.paged.sharding import check_mesh, head_parallelism
+    from maxtext_compat.shims import cpu_rpa
+
+    if row is None:
+        found = installed_rpa()
+        row, label = found.row, found.label
+    else:
+        label = _label(row)
+    from maxtext_compat.paged.metadata import RaggedMetadata
+
+    kv_lens, page_indices, cu_q_lens, distribution = metadata_arrays(metadata)
+    host = None
+    if isinstance(metadata, RaggedMetadata):
+        host = (metadata.kv_lens, metadata.page_indices, metadata.cu_q_lens, metadata.distribution)
+    check_mesh(mesh)
+    tp = head_parallelism(mesh)
+    hd64_kernel = row.rpa.call_form == "flat"  # the hd64 kernel arrived with the flat entry point (0.12)
+    layout = check_kernel_inputs(
+        q, k, v, kv_cache, kv_lens, page_indices, cu_q_lens, distribution,
+        tp=tp, hd64_kernel=hd64_kernel, sliding_window=sliding_window, soft_cap=soft_cap,
+        attention_sink=attention_sink, host_values=host,
+    )  # fmt: skip
+    if isinstance(metadata, RaggedMetadata) and (metadata.page_size, metadata.num_pages) != (
+        layout.page_size,
+        layout.num_pages,
+    ):
+        raise InvalidArgumentError(
+            "the metadata was built for another cache",
+            argument="metadata",
+            expected=f"page_size {layout.page_size}, {layout.num_pages} pages (the kv_cache's)",
+            found=f"page_size {metadata.page_size}, {metadata.num_pages} pages",
+            fix="build the metadata with the layout of this kv_cache",
+        )
+    _check_kernel_features(layout.kernel, attention_sink, update_kv_cache, use_causal_mask, label)
+    static = (float(sm_scale), sliding_window, soft_cap, bool(update_kv_cache), bool(use_causal_mask), label)
+    # Plan once outside the trace so an unsupported feature fails before anything is traced.
+    features = {
+        "sm_scale": static[0], "attention_chunk_size": sliding_window, "attn_logits_soft_cap": soft_cap,
+        "update_kv_cache": static[3], "use_causal_mask": static[4], "attention_sink": attention_sink,
+    }  # fmt: skip
+    check_features(row, features, label=label)
+    cpu = cpu_rpa.on_cpu(mesh.devices.flat)
+    if cpu and not cpu_rpa.installed():
+        raise KernelUnavailableError(
+            "the RPA kernel needs the CPU shim on a CPU backend (Pallas TPU interpret mode + interpreter patch)",
+            argument="mesh",
+            expected="maxtext_compat.shims.cpu_rpa.install() called before the first trace",
+            found=f"CPU devices, shim not installed ({label})",
+            fix="call maxtext_compat.shims.cpu_rpa.install() at start-up (tests: in conftest.py)",
+        )
+    run = _compiled(entry_point(row), row, mesh, static)
+    with cpu_rpa.interpret_mode() if cpu else contextlib.nullcontext():
+        return run(q, k, v, kv_cache, kv_lens, page_indices, cu_q_lens, distribution, attention_sink)
+
+
+def _check_kernel_features(kernel: str, attention_sink: Any, update_kv_cache: bool, causal: bool, label: str) -> None:
+    """Kernel-level limits tpu-inference raises NotImplementedError for, as typed errors up front."""
+    if kernel == "v3" and attention_sink is not None:
+        raise KernelUnavailableError(
+            f"{label}: attention sinks are only implemented by the head_dim-64 kernel",
+            argument="attention_sink",
+            expected="None for head_dim != 64",
+            found="an array",
+            fix="drop attention_sink or use head_dim 64",
+        )
+    if kernel == "hd64" and not update_kv_cache:
+        raise KernelUnavailableError(
+            f"{label}: the head_dim-64 kernel always writes the KV cache",
+            argument="update_kv_cache",
+            expected="True for head_dim 64",
+            found=False,
+        )
+    if kernel == "hd64" and not causal:
+        raise KernelUnavailableError(
+            f"{label}: the head_dim-64 kernel is causal only",
+            argument="use_causal_mask",
+            expected="True for head_dim 64",
+            found=False,
+        )

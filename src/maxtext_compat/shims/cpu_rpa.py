@@ -1,0 +1,447 @@
+"""Run tpu-inference's real ragged paged attention kernel on a CPU backend (Pallas TPU interpret mode).
+
+Why: the kernel is a Pallas TPU kernel with no CPU fallback. Four things stand between it and
+a CPU, each measured on jax 0.11.2 / tpu-inference 0.32.0
+(reference/tpu_inference_on_cpu.md):
+1. "Only interpret mode is supported on CPU backend" -> TPU interpret mode, set globally
+   (so MaxText's own vLLM path gets it too) and forced around our dispatcher's calls;
+2. the stock interpreter cannot follow ref reshape/bitcast views -> `pallas_interpret_views`;
+3. `pltpu.get_tpu_info()` knows no 'cpu' device kind -> a TPU v6e entry in jax's tpu_info registry;
+4. `get_default_block_sizes` raises for tpu_version -1 (and hd64's tuned table calls
+   get_device_name) -> CPU block sizes, by patching the functions (tpu-inference >= 0.18,
+   matrix `block_sizes: [function]`) or through RPA_V3_*_BLOCK_SIZES (>= 0.30, `[env]`).
+
+Rules: acts only on a CPU backend (elsewhere `install()` returns an inactive status and
+patches nothing); refuses a jax not in the matrix's `cpu_shim.verified_jax` unless forced;
+refuses to install after an interpreted kernel already ran in this process (traced code keeps
+the stock callbacks) unless `clear_caches=True`; every patch is recorded in
+`maxtext_compat.shims.registry` and `uninstall()` restores each object by identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from maxtext_compat.errors import KernelUnavailableError, ShimRefusedError
+from maxtext_compat.shims import pallas_interpret_views as views
+from maxtext_compat.shims.registry import ActivePatch, forget, record
+
+PROFILE = "cpu-rpa"
+KERNEL_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel"
+HD64_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel_hd64"
+TPU_INFO_TARGET = "jax._src.tpu_info:registry['cpu']"
+INTERPRET_TARGET = "jax.config:pallas_tpu_interpret_mode_context_manager (global)"
+ENV_VARS = ("RPA_V3_DECODE_BLOCK_SIZES", "RPA_V3_PREFILL_BLOCK_SIZES", "RPA_V3_MIXED_BLOCK_SIZES")
+# The env route fixes one size for every shape: bkv = 64 tokens fits page sizes that divide 64.
+ENV_BLOCK_SIZES = {"DECODE": "1,64,1,64", "PREFILL": "8,64,8,64", "MIXED": "8,64,8,64"}
+TPU_CHIP = "TPU_V6E"  # VMEM size etc. the kernel asks for; any real chip works for interpret mode
+
+log = logging.getLogger(__name__)
+_LOCK = threading.RLock()
+_MISSING = object()
+
+
+@dataclass
+class _Undo:
+    targets: tuple[str, ...]
+    restore: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class ShimStatus:
+    """What `install()` did (or why it did nothing)."""
+
+    active: bool
+    reason: str
+    jax_version: str
+    jax_verified: bool
+    tpu_inference_version: str | None = None
+    block_sizes: str | None = None  # "function" | "env" | None
+    patches: tuple[str, ...] = field(default_factory=tuple)
+
+
+_UNDO: list[_Undo] = []
+_STATUS: ShimStatus | None = None
+_AFTER_UNINSTALL: tuple[Any, int] | None = None  # (dma counter object, value) when we last uninstalled
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def installed() -> bool:
+    """Whether the shim is active in this process."""
+    with _LOCK:
+        return _STATUS is not None and _STATUS.active
+
+
+def status() -> ShimStatus | None:
+    with _LOCK:
+        return _STATUS
+
+
+def on_cpu(devices: Any = None) -> bool:
+    """Whether these devices (default: jax's default backend) are CPU devices."""
+    import jax
+
+    if devices is None:
+        return jax.default_backend() == "cpu"
+    return all(getattr(d, "platform", "") == "cpu" for d in devices)
+
+
+def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
+    """Make the real RPA kernel runnable on this CPU backend; idempotent.
+
+    force: install on a jax version the matrix does not list as verified (and on tpu-inference
+    releases whose kernel API the shim does not cover). clear_caches: if an interpreted Pallas
+    kernel already ran in this process, run `jax.clear_caches()` and reset the interpreter
+    state instead of refusing (cached traces would keep the stock interpreter callbacks).
+    """
+    global _STATUS
+    with _LOCK:
+        if installed():
+            assert _STATUS is not None
+            return _STATUS
+        import jax
+
+        from maxtext_compat.matrix import load_matrix
+
+        jax_version = jax.__version__
+        verified = jax_version in load_matrix().cpu_shim.verified_jax
+        if not on_cpu():
+            status = ShimStatus(
+                False,
+                f"default backend is {jax.default_backend()!r}, not cpu: the kernel runs natively, nothing patched",
+                jax_version,
+                verified,
+            )
+            log.info("maxtext_compat cpu-rpa shim: %s", status.reason)
+            return status
+        if not verified and not force:
+            raise ShimRefusedError(
+                "the CPU RPA shim patches JAX's private Pallas TPU interpreter and was not verified on this jax",
+                argument="jax",
+                expected=f"one of {list(load_matrix().cpu_shim.verified_jax)} (matrix cpu_shim.verified_jax)",
+                found=jax_version,
+                fix="install a verified jax, or call install(force=True) and check the RPA tests pass",
+            )
+        _refuse_if_late(clear_caches)
+        tpi_version, methods = _block_size_methods(force)
+        try:
+            _apply_views()
+            _apply_tpu_info()
+            applied_method = _apply_block_sizes(methods)
+            _apply_interpret_mode()
+        except BaseException:
+            _undo_all()
+            raise
+        _STATUS = ShimStatus(
+            True,
+            "installed on the cpu backend" + ("" if verified else f" (forced on unverified jax {jax_version})"),
+            jax_version,
+            verified,
+            tpi_version,
+            applied_method,
+            tuple(t for u in _UNDO for t in u.targets),
+        )
+        return _STATUS
+
+
+def uninstall() -> list[str]:
+    """Undo every patch (by identity) and forget it in the registry; returns the targets restored."""
+    global _STATUS, _AFTER_UNINSTALL
+    with _LOCK:
+        if not _UNDO and _STATUS is None:
+            return []
+        done = _undo_all()
+        _STATUS = None
+        ipc = _interpreter()
+        counter = getattr(ipc, "dma_id_counter", None)
+        _AFTER_UNINSTALL = (counter, getattr(counter, "value", 0))
+        return done
+
+
+@contextlib.contextmanager
+def enabled(*, force: bool = False, clear_caches: bool = False) -> Iterator[ShimStatus]:
+    """`with enabled(): ...` installs for the block and uninstalls after, unless it was already on."""
+    was_on = installed()
+    st = install(force=force, clear_caches=clear_caches)
+    try:
+        yield st
+    finally:
+        if st.active and not was_on:
+            uninstall()
+
+
+def interpret_params() -> Any:
+    """Interpreter settings: uninitialised memory is NaN, so anything the kernel fails to write shows."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.InterpretParams(uninitialized_memory="nan")
+
+
+@contextlib.contextmanager
+def interpret_mode() -> Iterator[None]:
+    """Force TPU interpret mode for every pallas_call traced in the block (the dispatcher's guarantee)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    with pltpu.force_tpu_interpret_mode(interpret_params()):
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# CPU block sizes
+# --------------------------------------------------------------------------------------------
+
+
+def cpu_block_sizes(
+    q_dtype: Any,
+    kv_dtype: Any,
+    actual_num_q_heads: int,
+    actual_num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    max_num_tokens: int,
+    max_num_seqs: int,
+    pages_per_seq: int,
+    *,
+    case: Any = None,
+    **_: Any,
+) -> dict[str, int]:
+    """Stand-in for v3 `get_default_block_sizes` (which knows no CPU): small, valid blocks.
+
+    Interpret mode runs every block step in Python, so fewer, larger KV blocks are faster; the
+    kernel requires bkv sizes to be page multiples and bq_sz % bq_csz == 0.
+    """
+    kv_pages = max(1, min(4, pages_per_seq))
+    bkv = kv_pages * page_size
+    if getattr(case, "name", "MIXED") == "DECODE":
+        return {"bq_sz": 1, "bkv_sz": bkv, "bq_csz": 1, "bkv_csz": bkv}
+    bq = max(1, min(16, max_num_tokens))
+    return {"bq_sz": bq, "bkv_sz": bkv, "bq_csz": bq, "bkv_csz": bkv}
+
+
+def cpu_block_sizes_hd64(
+    q_dtype: Any,
+    kv_dtype: Any,
+    actual_num_q_heads: int,
+    actual_num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    max_num_tokens: int,
+    pages_per_seq: int,
+    sliding_window: int | None = None,
+) -> tuple[int, int]:
+    """Stand-in for hd64 `get_tuned_block_sizes` (it calls get_device_name(), which needs a TPU)."""
+    return max(1, min(4, pages_per_seq)), max(1, min(16, max_num_tokens))
+
+
+# --------------------------------------------------------------------------------------------
+# Internals
+# --------------------------------------------------------------------------------------------
+
+
+def _interpreter() -> Any:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
+
+    return interpret_pallas_call
+
+
+def late_reasons() -> list[str]:
+    """Evidence that RPA (or any interpreted Pallas TPU kernel) was traced/ran before the shim."""
+    reasons = []
+    ipc = _interpreter()
+    if getattr(ipc, "_shared_memory", None) is not None:
+        reasons.append("an interpreted Pallas TPU kernel failed and left its simulated memory behind")
+    counter = getattr(ipc, "dma_id_counter", None)
+    if counter is not None:
+        unchanged = _AFTER_UNINSTALL is not None and (counter, getattr(counter, "value", 0)) == _AFTER_UNINSTALL
+        if not unchanged:
+            reasons.append("an interpreted Pallas TPU kernel already ran in this process without the shim")
+    for name in (KERNEL_MODULE, HD64_MODULE):
+        mod = sys.modules.get(name)
+        fn = getattr(mod, "ragged_paged_attention" if name == KERNEL_MODULE else "ragged_paged_attention_hd64", None)
+        size = getattr(fn, "_cache_size", None)
+        if callable(size) and size() > 0 and _AFTER_UNINSTALL is None:
+            reasons.append(f"{name} already holds compiled kernels")
+    return reasons
+
+
+def _refuse_if_late(clear_caches: bool) -> None:
+    reasons = late_reasons()
+    if not reasons:
+        return
+    if not clear_caches:
+        raise ShimRefusedError(
+            "the CPU RPA shim is applied after the kernel was traced: cached traces keep the stock interpreter "
+            "and would fail or run stale code",
+            argument="install",
+            expected="install() before the first trace of a Pallas TPU kernel",
+            found="; ".join(reasons),
+            fix="call maxtext_compat.shims.cpu_rpa.install() first thing (e.g. in conftest.py), "
+            "or install(clear_caches=True) to run jax.clear_caches() and reset the interpreter",
+        )
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    log.warning("maxtext_compat cpu-rpa shim applied late (%s): clearing jax caches", "; ".join(reasons))
+    jax.clear_caches()
+    pltpu.reset_tpu_interpret_mode_state()
+
+
+def _block_size_methods(force: bool) -> tuple[str | None, tuple[str, ...]]:
+    """(installed tpu-inference version, the matrix row's block_sizes methods)."""
+    from maxtext_compat.matrix import load_matrix
+    from maxtext_compat.versions import installed_versions
+
+    info = installed_versions().get("tpu_inference")
+    if info is None:
+        return None, ()  # kernel-free use (interpret mode for other Pallas kernels): nothing to size
+    row = load_matrix().tpu_inference_row(info.version)
+    if row is None:
+        if force:
+            return info.version, ("function", "env")
+        raise KernelUnavailableError(
+            "the installed tpu-inference is not in the compat matrix: the shim does not know how to size its kernel",
+            argument="tpu_inference",
+            expected="a release listed under tpu_inference in compat_matrix.yaml",
+            found=info.version,
+            fix="install a listed release, or install(force=True) to try the newest method",
+        )
+    if not row.block_sizes and not force:
+        raise KernelUnavailableError(
+            "the CPU shim does not support this tpu-inference's RPA kernel API (no get_default_block_sizes, "
+            "no block-size env vars)",
+            argument="tpu_inference",
+            expected="tpu-inference >= 0.18.0",
+            found=info.version,
+            fix="use tpu-inference >= 0.18.0 for CPU runs (0.32.0 is verified)",
+        )
+    return info.version, row.block_sizes
+
+
+def _apply_views() -> None:
+    targets = tuple(views.apply())
+    if targets:
+        _remember(targets, views.restore, "pallas_interpret_views.apply")
+
+
+def _apply_tpu_info() -> None:
+    from jax._src import tpu_info
+
+    before = tpu_info.registry.get("cpu", _MISSING)
+    if before is not _MISSING:
+        return  # someone already describes 'cpu'; leave theirs
+    chip = getattr(tpu_info.ChipVersion, TPU_CHIP)
+
+    def cpu_tpu_info() -> Any:
+        return tpu_info.get_tpu_info_for_chip(chip, 1)
+
+    tpu_info.registry["cpu"] = cpu_tpu_info
+
+    def undo() -> None:
+        if tpu_info.registry.get("cpu") is cpu_tpu_info:
+            del tpu_info.registry["cpu"]
+        clear = getattr(tpu_info.get_tpu_info, "cache_clear", None)
+        if callable(clear):
+            clear()
+
+    _remember((TPU_INFO_TARGET,), undo, "cpu_rpa._apply_tpu_info")
+
+
+def _patch_attr(module_name: str, attr: str, replacement: Any) -> bool:
+    try:
+        mod = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise KernelUnavailableError(
+            f"cannot import tpu-inference's RPA kernel module: {exc}",
+            argument="tpu_inference",
+            expected=f"an importable {module_name}",
+            fix="install vllm-tpu with its tpu-inference (importing tpu_inference imports vllm and torch)",
+        ) from exc
+    original = getattr(mod, attr, _MISSING)
+    if original is _MISSING:
+        return False
+    setattr(mod, attr, replacement)
+
+    def undo() -> None:
+        if getattr(mod, attr, None) is replacement:
+            setattr(mod, attr, original)
+
+    _remember((f"{module_name}:{attr}",), undo, f"cpu_rpa.{replacement.__name__}")
+    return True
+
+
+def _apply_block_sizes(methods: tuple[str, ...]) -> str | None:
+    if "function" in methods:
+        if not _patch_attr(KERNEL_MODULE, "get_default_block_sizes", cpu_block_sizes):
+            raise KernelUnavailableError(
+                "the matrix says this tpu-inference sizes RPA blocks with get_default_block_sizes, "
+                "but the installed kernel module has none",
+                argument="tpu_inference",
+                expected=f"{KERNEL_MODULE}.get_default_block_sizes",
+                fix="fix the row's block_sizes in compat_matrix.yaml",
+            )
+        _patch_attr(HD64_MODULE, "get_tuned_block_sizes", cpu_block_sizes_hd64)
+        return "function"
+    if "env" in methods:
+        for var, case in zip(ENV_VARS, ("DECODE", "PREFILL", "MIXED"), strict=True):
+            if os.environ.get(var):
+                continue  # the user's own sizes win
+            os.environ[var] = ENV_BLOCK_SIZES[case]
+
+            def undo(var: str = var, value: str = ENV_BLOCK_SIZES[case]) -> None:
+                if os.environ.get(var) == value:
+                    del os.environ[var]
+
+            _remember((f"os.environ:{var}",), undo, "cpu_rpa.ENV_BLOCK_SIZES")
+        # tpu-inference forwards the env sizes to the v3 kernel only; hd64 still needs its function.
+        _patch_attr(HD64_MODULE, "get_tuned_block_sizes", cpu_block_sizes_hd64)
+        return "env"
+    return None
+
+
+def _apply_interpret_mode() -> None:
+    from jax._src import config
+
+    cfg = config.pallas_tpu_interpret_mode_context_manager
+    previous = cfg.get_global()
+    params = interpret_params()
+    cfg.set_global(params)
+
+    def undo() -> None:
+        if cfg.get_global() is params:
+            cfg.set_global(previous)
+
+    _remember((INTERPRET_TARGET,), undo, "cpu_rpa.interpret_params")
+
+
+def _remember(targets: tuple[str, ...], undo: Callable[[], Any], origin: str) -> None:
+    """Record patches for `doctor` and queue their undo (undone in reverse order)."""
+    for target in targets:
+        record(ActivePatch(target, f"maxtext_compat.shims.{origin}", PROFILE))
+
+    def undo_and_forget() -> None:
+        undo()
+        for target in targets:
+            forget(target, PROFILE)
+
+    _UNDO.append(_Undo(targets, undo_and_forget))
+
+
+def _undo_all() -> list[str]:
+    done: list[str] = []
+    while _UNDO:
+        u = _UNDO.pop()
+        u.restore()
+        done.extend(u.targets)
+    return done

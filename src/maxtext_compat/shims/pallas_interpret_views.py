@@ -1,0 +1,256 @@
+"""Teach JAX's Pallas TPU interpreter to read and write refs through reshape/bitcast/transpose views.
+
+Why: tpu-inference's RPA v3 kernel (and the hd64 variant) address the HBM KV cache through
+`ref.reshape(...)` (pages merged into one axis for per-page DMAs) and `ref.bitcast(...)`. The
+stock TPU interpreter of jax 0.11.2 / 0.12.0.1 turns a ref's transforms into one slice range
+and only understands `NDIndexer`, so the kernel dies on CPU with
+`AttributeError: 'ReshapeTransform' object has no attribute 'indices'`.
+
+How: wrap the interpreter's `get` / `store` / `swap` callbacks (DMAs call their `__wrapped__`
+functions, so they are covered too). A transform chain is split at its first view: the
+`NDIndexer` prefix goes through the stock path as a plain range, the rest is applied in numpy
+with TPU bitcast semantics (packing along the second-minor axis, as
+`jax._src.state.utils.bitcast`). A store through a view is a read-modify-write of the prefix.
+
+Limits: private JAX API (re-verify on every jax release; `cpu_rpa` refuses unverified jax);
+race detection is not meaningful for view accesses; a view-prefixed DMA copies the whole HBM
+buffer, so keep caches test-sized. The interpreter binds these callbacks when a kernel is
+traced, which is why the patch must be applied before the first trace.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+TARGET_MODULE = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
+PATCHED_NAMES: tuple[str, ...] = ("get", "store", "swap")
+
+_LOCK = threading.RLock()
+_ORIGINALS: dict[str, Any] = {}  # name -> the interpreter's own (decorated) function
+_REPLACEMENTS: dict[str, Any] = {}
+
+
+def applied() -> bool:
+    """Whether the interpreter currently runs through this patch."""
+    with _LOCK:
+        if not _REPLACEMENTS:
+            return False
+        mod = _module()
+        return all(getattr(mod, n) is _REPLACEMENTS[n] for n in PATCHED_NAMES)
+
+
+def apply() -> list[str]:
+    """Patch the interpreter; returns the targets patched now ([] if already applied)."""
+    with _LOCK:
+        if _REPLACEMENTS:
+            return []
+        mod = _module()
+        originals = {n: getattr(mod, n) for n in PATCHED_NAMES}
+        raw = {n: f.__wrapped__ for n, f in originals.items()}  # undecorated: what DMAs call
+        replacements = {
+            "get": _make_get(raw["get"]),
+            "store": _make_store(raw["get"], raw["store"]),
+            "swap": _make_swap(raw["get"], raw["store"], raw["swap"]),
+        }
+        for name, inner in replacements.items():
+            wrapped = mod.fail_on_exception(inner)  # same error reporting as the stock callbacks
+            functools.update_wrapper(wrapped, inner)
+            wrapped.__wrapped__ = inner
+            setattr(mod, name, wrapped)
+            _REPLACEMENTS[name] = wrapped
+        _ORIGINALS.update(originals)
+        return [f"{TARGET_MODULE}:{n}" for n in PATCHED_NAMES]
+
+
+def restore() -> list[str]:
+    """Put the interpreter's own callbacks back (by identity); returns the targets restored.
+
+    A callback replaced by someone else after us is left alone (restoring would undo their patch).
+    """
+    with _LOCK:
+        if not _REPLACEMENTS:
+            return []
+        mod = _module()
+        done = []
+        for name in PATCHED_NAMES:
+            if getattr(mod, name) is _REPLACEMENTS[name]:
+                setattr(mod, name, _ORIGINALS[name])
+                done.append(f"{TARGET_MODULE}:{name}")
+        _REPLACEMENTS.clear()
+        _ORIGINALS.clear()
+        return done
+
+
+def original(name: str) -> Any:
+    """The interpreter's own callback (for tests that check restoration by identity)."""
+    with _LOCK:
+        return _ORIGINALS.get(name, getattr(_module(), name))
+
+
+# --------------------------------------------------------------------------------------------
+# The callbacks
+# --------------------------------------------------------------------------------------------
+
+
+def _module() -> Any:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
+
+    return interpret_pallas_call
+
+
+def _make_get(raw_get: Any) -> Any:
+    def get(token, device_id, local_core_id, memory_space, buffer_id, transforms, *args, **kwargs):
+        prefix, views = _split(transforms)
+        token, val = raw_get(token, device_id, local_core_id, memory_space, buffer_id, prefix, *args, **kwargs)
+        if views:
+            val = _np().array(_forward(_np().asarray(val), views)[0], copy=True)
+        return token, val
+
+    return get
+
+
+def _make_store(raw_get: Any, raw_store: Any) -> Any:
+    def store(token, device_id, local_core_id, memory_space, buffer_id, transforms, val, *args, **kwargs):
+        prefix, views = _split(transforms)
+        if views:
+            _, base = raw_get(token, device_id, local_core_id, memory_space, buffer_id, prefix)
+            _, chain = _forward(_np().asarray(base), views)
+            val = _backward(chain, views, val)
+        return raw_store(token, device_id, local_core_id, memory_space, buffer_id, prefix, val, *args, **kwargs)
+
+    return store
+
+
+def _make_swap(raw_get: Any, raw_store: Any, raw_swap: Any) -> Any:
+    def swap(token, device_id, local_core_id, memory_space, buffer_id, transforms, val, mask, *, source_info=None):
+        prefix, views = _split(transforms)
+        if not views:
+            return raw_swap(
+                token, device_id, local_core_id, memory_space, buffer_id, prefix, val, mask, source_info=source_info
+            )
+        np = _np()
+        _, base = raw_get(token, device_id, local_core_id, memory_space, buffer_id, prefix)
+        old, chain = _forward(np.asarray(base), views)
+        old = np.array(old, copy=True)
+        new_view = np.asarray(val) if mask is None else np.where(np.asarray(mask), np.asarray(val), old)
+        raw_store(
+            token,
+            device_id,
+            local_core_id,
+            memory_space,
+            buffer_id,
+            prefix,
+            _backward(chain, views, new_view),
+            source_info=source_info,
+        )
+        return token, old
+
+    return swap
+
+
+# --------------------------------------------------------------------------------------------
+# Transform chains in numpy
+# --------------------------------------------------------------------------------------------
+
+
+def _np() -> Any:
+    import numpy
+
+    return numpy
+
+
+def _view_types() -> tuple[type, ...]:
+    from jax._src.state import types as state_types
+
+    return (state_types.ReshapeTransform, state_types.BitcastTransform, state_types.TransposeTransform)
+
+
+def _split(transforms: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(NDIndexer prefix, the rest from the first view on); indices made concrete ints."""
+    import jax
+
+    chain = tuple(t for t in (transforms or ()) if t is not None)
+    chain = tuple(jax.tree.map(int, chain))
+    views = _view_types()
+    for i, t in enumerate(chain):
+        if isinstance(t, views):
+            return chain[:i], chain[i:]
+    return chain, ()
+
+
+def _index_tuple(indexer: Any) -> tuple[Any, ...]:
+    from jax._src.state import indexing
+
+    out: list[Any] = []
+    for i in indexer.indices:
+        if isinstance(i, indexing.Slice):
+            start, size, stride = int(i.start), int(i.size), int(i.stride)
+            out.append(slice(start, start + size * stride, stride))
+        else:
+            out.append(int(i))
+    return tuple(out)
+
+
+def _bitcast(x: Any, dtype: Any) -> Any:
+    """Bitcast with TPU semantics: narrower types pack along the second-minor axis."""
+    np = _np()
+    from jax._src import dtypes
+
+    dtype = np.dtype(dtype)
+    xb, yb = dtypes.itemsize_bits(x.dtype), dtypes.itemsize_bits(dtype)
+    if xb == yb:
+        return np.ascontiguousarray(x).view(dtype)
+    shape = list(x.shape)
+    shape[-2] = shape[-2] * xb // yb
+    if xb < yb:  # pack `ratio` consecutive rows into one
+        ratio = yb // xb
+        x = x.reshape(*x.shape[:-2], x.shape[-2] // ratio, ratio, x.shape[-1]).swapaxes(-1, -2)
+        return np.ascontiguousarray(x).view(dtype).reshape(shape)
+    ratio = xb // yb  # unpack
+    y = np.ascontiguousarray(x).view(dtype).reshape(*x.shape, ratio)
+    return np.ascontiguousarray(y.swapaxes(-1, -2)).reshape(shape)
+
+
+def _forward(x: Any, chain: tuple[Any, ...]) -> tuple[Any, list[Any]]:
+    """Apply the chain; also return every intermediate (the write path walks them back)."""
+    np = _np()
+    from jax._src.state import indexing
+    from jax._src.state import types as st
+
+    steps = [x]
+    for t in chain:
+        if isinstance(t, indexing.NDIndexer):
+            x = x[_index_tuple(t)]
+        elif isinstance(t, st.ReshapeTransform):
+            x = np.reshape(x, t.shape)
+        elif isinstance(t, st.BitcastTransform):
+            x = _bitcast(x, t.dtype)
+        elif isinstance(t, st.TransposeTransform):
+            x = np.transpose(x, t.permutation)
+        else:
+            raise NotImplementedError(f"maxtext_compat interpreter view patch: unsupported ref transform {t!r}")
+        steps.append(x)
+    return x, steps
+
+
+def _backward(steps: list[Any], chain: tuple[Any, ...], val: Any) -> Any:
+    """Write `val` through the chain's view; returns the new value of the chain's base."""
+    np = _np()
+    from jax._src.state import indexing
+    from jax._src.state import types as st
+
+    new = np.asarray(val)
+    for base, t in reversed(list(zip(steps[:-1], chain, strict=True))):
+        if isinstance(t, indexing.NDIndexer):
+            full = np.array(base, copy=True)
+            full[_index_tuple(t)] = new
+            new = full
+        elif isinstance(t, st.ReshapeTransform):
+            new = np.reshape(new, base.shape)
+        elif isinstance(t, st.BitcastTransform):
+            new = _bitcast(new, base.dtype)
+        elif isinstance(t, st.TransposeTransform):
+            new = np.transpose(new, np.argsort(t.permutation))
+    return new
