@@ -271,3 +271,29 @@ def test_nnx_adapter_shares_parameters_and_survives_split_merge_and_submodules(f
     nnx.update(adapted, bumped)
     kernel = nnx.state(attn, nnx.Param)["query"]["kernel"]
     np.testing.assert_array_equal(np.asarray(kernel[...]), np.asarray(bumped["query"]["kernel"][...]))
+
+
+def test_attention_old_calls_in_prefill_then_autoregressive_mode_equal_native():
+    """MaxText's own KV cache (prefill, then one decode step) through the adapter: same numbers."""
+    cfg = tiny.tiny_config("default")
+    mesh = tiny.tiny_mesh(cfg)
+    b, seq = 2, 32
+
+    def make():
+        return tiny.tiny_attention(cfg, mesh, model_mode="autoregressive", batch=b, seq=seq)
+
+    native, adapted = make(), wrap(make())
+    x = jax.random.normal(jax.random.PRNGKey(0), (b, seq, cfg.emb_dim))
+    pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (b, seq))
+    x1 = jax.random.normal(jax.random.PRNGKey(1), (b, 1, cfg.emb_dim))
+    pos1 = jnp.full((b, 1), seq, jnp.int32)
+    prefill = nnx.jit(
+        lambda m, x, p: m(x, x, p, jnp.ones(p.shape, jnp.int32), model_mode="prefill", deterministic=True)
+    )
+    decode = nnx.jit(lambda m, x, p: m(x, x, p, None, model_mode="autoregressive", deterministic=True))
+    with tiny.mesh_context(cfg, mesh):
+        for step, args in ((prefill, (x, pos)), (decode, (x1, pos1))):
+            want, got = step(native, *args), step(adapted, *args)
+            want = want[0] if isinstance(want, tuple) else want
+            assert isinstance(got, jax.Array)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -37,6 +37,11 @@ UNION_PARAMS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 
+# Positional slots a later release added: a caller of that release passes them positionally.
+POSITIONAL_SLOTS: dict[str, tuple[str, ...]] = {
+    "attention": ("inputs_q", "inputs_kv", "inputs_positions", "decoder_segment_ids", "out_sharding"),
+}
+
 # The parameters whose presence makes a call a "new" (vLLM) call.
 NEW_PARAMS: dict[str, tuple[str, str]] = {
     "attention": ("kv_cache", "attention_metadata"),
@@ -81,6 +86,13 @@ def advertised_signature(native: inspect.Signature, kind: str) -> inspect.Signat
     params = list(native.parameters.values())
     var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
     params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    positional = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    slots = POSITIONAL_SLOTS.get(kind, ())
+    for i, name in enumerate(slots):
+        if name not in positional and positional[:i] == list(slots[:i]):
+            # e.g. out_sharding, Attention's 5th positional parameter from 0.2.0 on: keep the slot on 0.1.0
+            params.insert(i, inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))
+            positional.insert(i, name)
     have = {p.name for p in params}
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)

@@ -18,6 +18,10 @@ def backport_call(
 
     writes=False (train mode) follows MaxText 0.2.x: no RPA, the caches come back as given.
     """
+    if writes:
+        from maxtext_compat.rpa import installed_rpa
+
+        installed_rpa()  # typed error up front when there is no tpu-inference (and so no kernel)
     hooks.ensure_installed(row)
     native_call = native_cls.__call__  # looked up after the hooks are in place
     many = kind in ("decoder", "transformer")
