@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from maxtext_compat.adapters import policy
@@ -78,8 +79,13 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
         advertised = advertised_signature(native, k)
         where = f"{cls.__qualname__}.__call__"
 
+        def native_call(module: Any, **kw: Any) -> Any:
+            return cls.__call__(module, **kw)  # looked up per call: backport hooks may be installed since
+
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return _call(self, cls, k, r, native, advertised, where, args, kwargs)
+            if rule_installed_on(cls):  # the vllm-backport shim already applies the rule to this class
+                return cls.__call__(self, *args, **kwargs)
+            return call_rule(self, native_call, k, r, native, advertised, where, args, kwargs)
 
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *advertised.parameters.values()]
         __call__.__signature__ = advertised.replace(parameters=params)  # type: ignore[attr-defined]
@@ -171,9 +177,17 @@ def _mode(module: Any, kind: str, t: Translated, explicit: Any) -> str:
     return str(mode) if mode is not None else TRAIN
 
 
-def _call(
+def rule_installed_on(cls: type) -> bool:
+    """Whether the vllm-backport shim currently patches `cls.__call__` (then it applies the rule)."""
+    from maxtext_compat.shims.registry import active_patches
+
+    target = f"{cls.__module__}:{cls.__qualname__}.__call__"
+    return any(p.target == target and p.profile == "vllm-backport" for p in active_patches())
+
+
+def call_rule(
     self: Any,
-    native_cls: type,
+    native_call: Callable[..., Any],
     kind: str,
     row: MaxTextRow,
     native: inspect.Signature,
@@ -181,8 +195,13 @@ def _call(
     where: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    *,
+    deprecation: bool = True,
 ) -> Any:
-    native_call = native_cls.__call__
+    """The call rule: translate, run `native_call(module, **kwargs)`, return the caller's convention.
+
+    deprecation=False skips the deprecation policy (the shim: MaxText's own internal old calls).
+    """
     explicit_mode = None
     if "model_mode" in kwargs and "model_mode" not in native.parameters:
         explicit_mode = kwargs.pop("model_mode")  # a construction field in this release: consumed here
@@ -193,13 +212,14 @@ def _call(
     if not t.is_new:
         if explicit_mode is not None and explicit_mode != getattr(self, "model_mode", explicit_mode):
             raise InvalidArgumentError(
-                f"MaxText {row.name} fixes model_mode when {native_cls.__qualname__} is constructed",
+                f"MaxText {row.name} fixes model_mode when {type(self).__qualname__} is constructed",
                 argument="model_mode",
                 expected=repr(getattr(self, "model_mode", None)),
                 found=repr(explicit_mode),
                 fix=f"construct the module with model_mode={explicit_mode!r}",
             )
-        policy.check_old_call(row, kind, where, self.__dict__.get("_mc_policy"))
+        if deprecation:
+            policy.check_old_call(row, kind, where, self.__dict__.get("_mc_policy"))
         result = native_call(self, **t.kwargs)
         return _constrain(old_return(kind, row, self, result), t, kind)
     mode = _mode(self, kind, t, explicit_mode)
@@ -220,7 +240,7 @@ def _call(
     else:
         from maxtext_compat.backport.call import backport_call
 
-        result = backport_call(self, native_cls, kind, row, t, writes, where)
+        result = backport_call(self, native_call, kind, row, t, writes, where)
     if writes and policy.effective_strict(self.__dict__.get("_mc_strict")):
         _check_kv(kind, t.kv, result, where)
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from maxtext_compat.adapters.translate import Translated
@@ -12,10 +13,11 @@ from maxtext_compat.matrix import MaxTextRow
 
 
 def backport_call(
-    module: Any, native_cls: type, kind: str, row: MaxTextRow, t: Translated, writes: bool, where: str
+    module: Any, native_call: Callable[..., Any], kind: str, row: MaxTextRow, t: Translated, writes: bool, where: str
 ) -> Any:
-    """Run the native old call with attention routed to RPA; return the new convention.
+    """Run the native old call (`native_call(module, **kwargs)`) with attention routed to RPA.
 
+    Returns the new convention.
     writes=False (train mode) follows MaxText 0.2.x: no RPA, the caches come back as given.
     """
     if writes:
@@ -23,7 +25,6 @@ def backport_call(
 
         installed_rpa()  # typed error up front when there is no tpu-inference (and so no kernel)
     hooks.ensure_installed(row)
-    native_call = native_cls.__call__  # looked up after the hooks are in place
     many = kind in ("decoder", "transformer")
     caches = list(t.kv) if many and t.kv is not None else [t.kv]
     mesh = getattr(module, "mesh", None)

@@ -98,7 +98,7 @@ def ensure_installed(row: MaxTextRow) -> None:
     """Install the hooks for `row` (idempotent, all or nothing)."""
     from maxtext_compat import shims
 
-    if shims.installed(PROFILE):
+    if shims.installed(PROFILE) or shims.installed("vllm-backport"):  # the full shim includes these hooks
         return
     if PROFILE not in shims.registered_profiles():
         shims.register_profile(PROFILE, lambda: specs(row), description="inert unless a backport KV session is active")

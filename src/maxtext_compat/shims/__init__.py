@@ -83,6 +83,9 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module == "profiles":
+        # MaxText's own profiles (vllm-backport, known-defects) and the matrix-driven default choice
+        importlib.import_module(f"{__name__}.maxtext_profiles").register()
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

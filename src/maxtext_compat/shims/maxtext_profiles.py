@@ -1,0 +1,260 @@
+"""MaxText shim profiles: `vllm-backport` (pre-#2616 releases) and `known-defects` (fixes per release).
+
+Why profiles on MaxText's own classes (and not only adapters): vLLM's model code, MaxText's
+own decode scripts and users' training loops construct MaxText's classes directly. A shim
+gives those classes the two-convention call rule in place: new calls thread KV caches and
+run ragged paged attention, every old call MaxText makes internally keeps its old return.
+Both profiles are built from the installed release's matrix row and go through the shims
+core (atomic, reversible, listed by `maxtext-compat doctor`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from maxtext_compat.adapters.signature import advertised_signature, native_signature
+from maxtext_compat.backport.session import current
+from maxtext_compat.matrix import MaxTextRow
+
+BACKPORT = "vllm-backport"
+DEFECTS = "known-defects"
+TRAIN = "train"
+_registered = threading.Lock()
+_done: list[bool] = [False]
+
+
+def _row() -> MaxTextRow:
+    from maxtext_compat.testing.tiny import installed_row
+
+    return installed_row()
+
+
+def _unbound(wrapped: Any, instance: Any, args: tuple) -> tuple[Any, Any, tuple]:
+    """wrapt passes instance=None when a method is called through the class (Linen's apply does)."""
+    if instance is None and args:
+        module = args[0]
+        return (lambda *a, **k: wrapped(module, *a, **k)), module, args[1:]
+    return wrapped, instance, args
+
+
+# ----------------------------------------------------------------------------------------------
+# vllm-backport: the call rule in MaxText's own classes
+# ----------------------------------------------------------------------------------------------
+
+
+def _rule_factory(kind: str, row: MaxTextRow) -> Any:
+    def factory(original: Any) -> Any:
+        from maxtext_compat.adapters.wrapper import call_rule
+
+        native = native_signature(original.function)
+        advertised = advertised_signature(native, kind)
+        where = f"{getattr(original.owner, '__qualname__', original.owner)}.__call__"
+
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            call, module, args = _unbound(wrapped, instance, args)
+            session = current()
+            if session is not None and session.route:
+                # A call MaxText makes inside a backported step: the old convention, attention in train mode
+                # so MaxText's own KV-cache variables are skipped (0.2.x skips them the same way).
+                extra = {"model_mode": TRAIN} if kind == "attention" else {}
+                return call(*args, **{**kwargs, **extra})
+
+            def native_call(m: Any, **kw: Any) -> Any:
+                return call(**kw)
+
+            return call_rule(module, native_call, kind, row, native, advertised, where, args, kwargs, deprecation=False)
+
+        return wrapper
+
+    return factory
+
+
+def _advertise(kind: str) -> Any:
+    def source(fn: Any) -> Any:
+        import inspect
+
+        sig = advertised_signature(native_signature(fn), kind)
+        self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return sig.replace(parameters=[self_param, *sig.parameters.values()])
+
+    return source
+
+
+def _accept_vllm_rpa(original: Any) -> Any:
+    """pyconfig.validate_attention_kernel: also accept "vllm_rpa" (MaxText 0.2.x accepts it)."""
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        kernel = args[0] if args else kwargs.get("s")
+        if kernel == "vllm_rpa":
+            return None
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _vllm_rpa_op_is_dot_product(original: Any) -> Any:
+    """AttentionOp.__init__: under "vllm_rpa" the op itself is MaxText's dot-product op, as in 0.2.x
+    (`attention_kernel == "vllm_rpa"` joins the dot-product dispatch; RPA runs in Attention)."""
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if kwargs.get("attention_kernel") == "vllm_rpa":
+            kwargs = {**kwargs, "attention_kernel": "dot_product"}
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def backport_specs(row: MaxTextRow) -> list[Any]:
+    from maxtext_compat.backport import hooks
+    from maxtext_compat.shims import PatchSpec
+
+    specs = [s for s in hooks.specs(row) if not s.target.endswith("Attention.__call__")]
+    here = __name__
+    for key, kind in (("attention", "attention"), ("decoder", "decoder"), ("transformer", "transformer"),
+                      ("transformer_linen", "transformer")):  # fmt: skip
+        ref = row.classes.get(key)
+        if ref is not None:
+            specs.append(
+                PatchSpec(
+                    f"{ref}.__call__",
+                    _rule_factory(kind, row),
+                    signature=_advertise(kind),
+                    origin=f"{here}._rule_factory({kind!r})",
+                )
+            )
+    for ref in dict.fromkeys(str(r) for r in row.decoder_layers.values()):
+        specs.append(
+            PatchSpec(
+                f"{ref}.__call__",
+                _rule_factory("decoder_layer", row),
+                signature=_advertise("decoder_layer"),
+                origin=f"{here}._rule_factory('decoder_layer')",
+            )
+        )
+    op = row.classes["attention_op"]
+    if op is not None:
+        specs.append(
+            PatchSpec(f"{op}.__init__", _vllm_rpa_op_is_dot_product, origin=f"{here}._vllm_rpa_op_is_dot_product")
+        )
+    specs.append(
+        PatchSpec(
+            f"{row.config.pyconfig}:validate_attention_kernel", _accept_vllm_rpa, origin=f"{here}._accept_vllm_rpa"
+        )
+    )
+    return specs
+
+
+# ----------------------------------------------------------------------------------------------
+# known-defects: fixes listed in the matrix row
+# ----------------------------------------------------------------------------------------------
+
+
+class _ConfigView:
+    """The layer's config with a few keys overridden (the layer reads them at call time)."""
+
+    def __init__(self, config: Any, **overrides: Any) -> None:
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "_overrides", overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        overrides = object.__getattribute__(self, "_overrides")
+        if name in overrides:
+            return overrides[name]
+        return getattr(object.__getattribute__(self, "_config"), name)
+
+
+def _call_unscanned(call: Any, module: Any, args: tuple, kwargs: dict) -> Any:
+    """Run the layer as if unscanned, so it returns (y, kv_cache) instead of dropping the cache."""
+    config = module.config
+    object.__setattr__(module, "config", _ConfigView(config, scan_layers=False))
+    try:
+        return call(*args, **kwargs)
+    finally:
+        object.__setattr__(module, "config", config)
+
+
+def _scan_kv_fix(original: Any) -> Any:
+    """Decoder layers that lose the KV cache under scan_layers=True (matrix: scan-kv-carry-missing,
+    scan-unroll-drops-kv). Handles both ways MaxText threads caches through a scanned stack: the
+    (y, stacked_kv, idx) carry of the Linen scan (0.2.2–0.2.4) and the per-layer kv_cache= of
+    NNXDecoder's static unroll (0.2.5)."""
+    sig = native_signature(original.function)
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        call, module, args = _unbound(wrapped, instance, args)
+        if not getattr(getattr(module, "config", None), "scan_layers", False):
+            return call(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
+        inputs = bound.arguments["inputs"]
+        if isinstance(inputs, tuple) and len(inputs) == 3:  # the Linen scan carry
+            y, stacked, idx = inputs
+            bound.arguments["inputs"] = y
+            bound.arguments["kv_cache"] = stacked[idx]
+            y2, kv = _call_unscanned(call, module, bound.args, bound.kwargs)
+            if kv is not None and getattr(kv, "size", 0):
+                stacked = stacked.at[idx].set(kv)
+            return (y2, stacked, idx + 1), None
+        if bound.arguments.get("kv_cache") is not None:  # NNXDecoder's unroll: kv_cache= per layer
+            return _call_unscanned(call, module, bound.args, bound.kwargs)
+        return call(*args, **kwargs)
+
+    return wrapper
+
+
+DEFECT_TARGETS: dict[str, Any] = {
+    "scan-kv-carry-missing": _scan_kv_fix,
+    "scan-unroll-drops-kv": _scan_kv_fix,
+}
+
+
+def defect_specs(row: MaxTextRow) -> list[Any]:
+    from maxtext_compat.shims import PatchSpec
+
+    specs: list[Any] = []
+    seen: set[str] = set()
+    for defect in row.known_defects:
+        factory = DEFECT_TARGETS.get(defect.id)
+        if factory is None:
+            continue
+        for key in defect.affects:
+            family = key.split(".", 1)[1] if key.startswith("decoder_layers.") else None
+            ref = row.decoder_layers.get(family) if family else row.classes.get(key)
+            if ref is None or str(ref) in seen:
+                continue
+            seen.add(str(ref))
+            specs.append(PatchSpec(f"{ref}.__call__", factory, origin=f"{__name__}.{factory.__name__} ({defect.id})"))
+    return specs
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration and the default choice
+# ----------------------------------------------------------------------------------------------
+
+
+def choose(resolution: Any) -> str | None:
+    """The profile `shims.install()` picks: the backport for pre-#2616 rows, else the defect fixes."""
+    row = resolution.maxtext
+    if row is None:
+        return None
+    if not row.has_kv_params:
+        return BACKPORT
+    if any(d.id in DEFECT_TARGETS for d in row.known_defects):
+        return DEFECTS
+    return None
+
+
+def register() -> None:
+    """Register both profiles and the default chooser (idempotent; imports nothing heavy)."""
+    from maxtext_compat.shims import profiles
+
+    with _registered:
+        if _done[0]:
+            return
+        profiles.register_profile(BACKPORT, lambda: backport_specs(_row()), description=__doc__.splitlines()[0],
+                                  replace=True)  # fmt: skip
+        profiles.register_profile(DEFECTS, lambda: defect_specs(_row()), description="fixes listed in the matrix row",
+                                  replace=True)  # fmt: skip
+        if not profiles.has_default_profile_chooser():
+            profiles.set_default_profile_chooser(choose)
+        _done[0] = True
