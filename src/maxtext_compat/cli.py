@@ -140,10 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--no-build", action="store_true")
     mx.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
     mx.set_defaults(func=_cmd_matrix)
+
+    # `serve` hands its arguments to vLLM unparsed (see main): listed here for --help only.
+    sv = sub.add_parser(
+        "serve",
+        add_help=False,
+        help="vllm serve for MaxText models (MODEL and every vLLM flag pass through; --tiny, --dry-run)",
+    )
+    sv.set_defaults(func=None)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:  # argparse cannot pass unknown vLLM flags through a subparser
+        from maxtext_compat import serve_cli
+
+        return serve_cli.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

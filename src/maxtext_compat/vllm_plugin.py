@@ -1,7 +1,176 @@
-"""vLLM general plugin entry point (filled in by the serving work)."""
+"""vLLM general plugin (`vllm.general_plugins: maxtext_compat = maxtext_compat.vllm_plugin:register`).
+
+vLLM calls `register()` in every process it starts (API server, engine core, workers), possibly
+more than once per process. Each call, once per process:
+1. on a CPU-only jax (JAX_PLATFORMS=cpu), installs the CPU serving shim (`shims.cpu_serving`:
+   mesh, HBM limit, TPU-only compiler options, RPA in interpret mode) before tpu-inference builds
+   its mesh or traces a kernel; never on TPU;
+2. resolves the installed versions against compat_matrix.yaml and picks the serving backend;
+3. applies the shim profile the matrix's default-profile chooser picks for that row (if a chooser
+   is registered) and the backend's own preparation;
+4. registers `MaxTextForCausalLM` with tpu-inference's model registry (which also registers it
+   with vLLM's) — ours by default, or MaxText's own shipped adapter with
+   MAXTEXT_COMPAT_VLLM_MODEL=maxtext (0.2.x only; used to compare the two).
+Absent tpu-inference or MaxText: log and skip (vLLM swallows plugin import errors but not errors
+raised by `register()`; a missing package must not stop a server of some other model). A MaxText
+release no backend serves (0.1.0 before the backport backend exists): the class is registered and
+its construction raises that typed error, so only a MaxText model fails, loudly. Other errors of a
+present stack (a CPU shim that cannot install, a broken shim profile) are raised at start-up.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from maxtext_compat.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from maxtext_compat.serving.runtime import ServingRuntime
+
+ARCHITECTURE = "MaxTextForCausalLM"
+MODEL_ENV = "MAXTEXT_COMPAT_VLLM_MODEL"  # compat (default) | maxtext
+MODEL_CHOICES = ("compat", "maxtext")
+
+# A child of vLLM's logger, so the lines appear in the server log with vLLM's formatting.
+log = logging.getLogger("vllm.maxtext_compat")
+_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True)
+class PluginState:
+    registered: bool
+    model: str | None = None  # "compat" | "maxtext" | None (skipped)
+    reason: str = ""
+    cpu_shim: str = ""
+    pid: int = 0
+
+
+_STATE: PluginState | None = None
+
+
+def state() -> PluginState | None:
+    """What `register()` did in this process (None: not called yet)."""
+    with _LOCK:
+        return _STATE
+
+
+def model_choice() -> str:
+    value = os.environ.get(MODEL_ENV, "compat").strip().lower() or "compat"
+    if value not in MODEL_CHOICES:
+        raise InvalidArgumentError(
+            f"{MODEL_ENV} selects which MaxTextForCausalLM the plugin registers",
+            argument=MODEL_ENV,
+            expected=f"one of {list(MODEL_CHOICES)}",
+            found=value,
+            fix=f"unset {MODEL_ENV} to serve maxtext-compat's model",
+        )
+    return value
+
 
 def register() -> None:
-    """Called by vLLM in every process; must be idempotent."""
+    """Called by vLLM in every process; idempotent per process (forks re-register)."""
+    global _STATE
+    with _LOCK:
+        if _STATE is not None and _STATE.pid == os.getpid():
+            return
+        _STATE = _register()
+        log.info(
+            "maxtext_compat plugin (pid %d): %s%s",
+            _STATE.pid,
+            _STATE.reason,
+            f"; CPU serving shim: {_STATE.cpu_shim}" if _STATE.cpu_shim else "",
+        )
+
+
+def _register() -> PluginState:
+    pid = os.getpid()
+    missing = [name for name in ("tpu_inference", "vllm") if importlib.util.find_spec(name) is None]
+    if missing:
+        reason = f"skipped: {', '.join(missing)} not installed (maxtext-compat serves through vllm-tpu)"
+        log.warning("maxtext_compat plugin %s", reason)
+        return PluginState(False, None, reason, pid=pid)
+    from maxtext_compat.probes import detect_import_root
+
+    if detect_import_root() is None:
+        reason = "skipped: MaxText is not installed, MaxTextForCausalLM is not registered"
+        log.warning("maxtext_compat plugin %s", reason)
+        return PluginState(False, None, reason, pid=pid)
+
+    choice = model_choice()
+    from maxtext_compat.shims import cpu_serving
+
+    shim = cpu_serving.install()
+    shim_text = (
+        f"installed ({', '.join(shim.parts)}"
+        + (f"; switched off: {', '.join(shim.skipped)}" if shim.skipped else "")
+        + f") [{len(shim.patches)} patches]"
+        if shim.active
+        else shim.reason
+    )
+    if os.environ.get("NEW_MODEL_DESIGN", "").strip().lower() not in ("1", "true"):
+        log.info(
+            "maxtext_compat plugin: NEW_MODEL_DESIGN is not set; a MaxText model needs tpu-inference's "
+            "new-model-design mesh (set NEW_MODEL_DESIGN=1, as `maxtext-compat serve` does)"
+        )
+
+    from tpu_inference.models.common.model_loader import register_model
+
+    from maxtext_compat.errors import BackendUnavailableError, ResolutionError
+    from maxtext_compat.serving import runtime
+
+    try:
+        rt = runtime.build_runtime()
+    except (BackendUnavailableError, ResolutionError) as exc:
+        # Register anyway so a MaxText model fails with this typed error when it is built, while a
+        # server of any other model in this environment is not broken by our plugin.
+        runtime.set_failure(exc)
+        from maxtext_compat.serving.model import MaxTextForCausalLM
+
+        register_model(ARCHITECTURE, MaxTextForCausalLM)
+        reason = f"registered {ARCHITECTURE}, but it cannot be built in this environment: {exc}"
+        log.warning("maxtext_compat plugin: %s", reason)
+        return PluginState(True, "compat", reason, shim_text, pid)
+    runtime.set_current(rt)
+    _apply_shim_profile(rt)
+    rt.backend.prepare()
+
+    if choice == "maxtext":
+        row = rt.resolution.maxtext
+        if row is None or row.vllm is None:
+            raise InvalidArgumentError(
+                f"{MODEL_ENV}=maxtext needs a MaxText release that ships a vLLM adapter",
+                argument=MODEL_ENV,
+                expected="MaxText >= 0.2.0",
+                found=None if row is None else row.name,
+                fix=f"unset {MODEL_ENV} to serve maxtext-compat's model",
+            )
+        adapter_pkg = row.vllm.adapter.module.rsplit(".", 1)[0]  # ...maxtext_vllm_adapter
+        importlib.import_module(adapter_pkg).register()
+        reason = f"registered MaxText's own adapter {row.vllm.adapter} as {ARCHITECTURE} ({rt.describe()})"
+    else:
+        from maxtext_compat.serving.model import MaxTextForCausalLM
+
+        register_model(ARCHITECTURE, MaxTextForCausalLM)
+        reason = f"registered maxtext_compat's {ARCHITECTURE} ({rt.describe()})"
+    return PluginState(True, choice, reason, shim_text, pid)
+
+
+def _apply_shim_profile(rt: ServingRuntime) -> None:
+    """The convention shim the matrix's chooser picks for this row (none for native 0.2.x rows)."""
+    from maxtext_compat.shims import profiles
+
+    if importlib.util.find_spec("maxtext_compat.shims.maxtext_profiles") is not None:
+        # Registers the MaxText profiles (vllm-backport, known-defects) and their default chooser.
+        importlib.import_module("maxtext_compat.shims.maxtext_profiles").register()
+    if not profiles.has_default_profile_chooser():
+        log.debug("maxtext_compat plugin: no default-profile chooser registered; no convention shim applied")
+        return
+    name = profiles.default_profile(rt.resolution)
+    if name is not None:
+        profiles.install(name, resolution=rt.resolution)
+        log.info("maxtext_compat plugin: installed shim profile %r", name)

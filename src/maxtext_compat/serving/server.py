@@ -1,0 +1,181 @@
+"""Run a `vllm serve` process on loopback for tests and demos: start, wait, query, always stop.
+
+Why here: every serving test needs the same discipline (a free port on 127.0.0.1, a bounded wait
+that fails fast when the server dies, bounded requests, and a stop that kills the whole process
+group — vLLM forks an engine-core process — even when the test fails). Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from maxtext_compat.errors import ServingError
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A started `vllm serve` process (its own process group) and where its log goes."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    model: str
+    started_at: float = field(default_factory=time.monotonic)
+    ready_after: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "<no log>"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        """Seconds until /health answered 200; typed error (with the log tail) if the process died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServingError(
+                    "vllm serve exited before it was ready",
+                    argument="vllm serve",
+                    expected="/health answering 200",
+                    found=f"exit code {self.proc.returncode}; log tail:\n{self.log_tail()}",
+                    fix=f"read {self.log_path}",
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.ready_after = time.monotonic() - self.started_at
+                        return self.ready_after
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise ServingError(
+            "vllm serve did not become ready in time",
+            argument="timeout",
+            expected=f"ready within {timeout:.0f} s",
+            found=f"log tail:\n{self.log_tail()}",
+            fix=f"read {self.log_path}",
+        )
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """SIGTERM the process group, then SIGKILL it; returns the exit code."""
+        if self.alive():
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers (engine core) of the group
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    # ------------------------------------------------------------------ requests
+
+    def completion(
+        self, prompt: Sequence[int], *, max_tokens: int = 8, timeout: float = 180.0, **extra: Any
+    ) -> tuple[int, dict[str, Any]]:
+        """POST /v1/completions with token ids, temperature 0; (HTTP status, JSON body)."""
+        body = {
+            "model": self.model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+            **extra,
+        }
+        req = urllib.request.Request(
+            f"{self.url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode(errors="replace")
+            try:
+                return e.code, json.loads(text)
+            except json.JSONDecodeError:
+                return e.code, {"error": text}
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)  # the server was started with start_new_session: pgid == pid
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    port: int,
+    model: str,
+    log_path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+) -> Server:
+    """Start `argv` (a vllm serve command listening on 127.0.0.1:`port`) in its own process group."""
+    if "--host" in argv and argv[list(argv).index("--host") + 1] != LOOPBACK:
+        raise ServingError(
+            "test servers listen on loopback only", argument="--host", expected=LOOPBACK, found="another host"
+        )
+    log = Path(log_path)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ if env is None else env),
+            start_new_session=True,
+        )
+    return Server(proc, port, log, model)
+
+
+def token_ids(body: Mapping[str, Any]) -> list[int]:
+    """The generated token ids of a /v1/completions response (needs return_token_ids=true)."""
+    try:
+        ids = body["choices"][0]["token_ids"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ServingError(
+            "the completion response has no token ids",
+            argument="response",
+            expected="choices[0].token_ids (request with return_token_ids=true)",
+            found=json.dumps(body)[:500],
+        ) from exc
+    if ids is None:
+        raise ServingError("the completion response has token_ids=null", argument="response", found=str(body)[:500])
+    return [int(t) for t in ids]

@@ -1,0 +1,350 @@
+"""Let `vllm serve` (vllm-tpu + tpu-inference) run on a CPU backend: the runtime gaps plus the RPA shim.
+
+Why: tpu-inference's runner assumes TPU devices. Measured on tpu-inference 0.32.0 / jax 0.11.2
+(reference/tpu_inference_on_cpu.md section 3), a stock `vllm serve` on JAX_PLATFORMS=cpu fails at:
+  F1 `make_optimized_mesh` sorts devices by `.coords` (CPU devices have none) -> plain mesh;
+  F2 `get_device_hbm_limit` -> `get_device_name` raises 'Expected TPU devices' -> a fixed CPU limit;
+  F3 the RPA Pallas kernel ('Only interpret mode is supported on CPU backend') -> `shims.cpu_rpa`;
+  F4 `get_step_fn_compiler_options` / `get_sampling_compiler_options` hand XLA:CPU TPU-only options
+     ('No such compile option') -> no options on CPU.
+
+Rules: acts only when jax is configured for the CPU platform alone (JAX_PLATFORMS=cpu); that is
+decided from the configuration, without initialising a backend, so an API-server process on a TPU
+host never grabs the TPU. Each wrapper checks again at call time and passes through on
+non-CPU devices. Patches go through the patching core (atomic, reversible, recorded in
+`shims.registry`, aliases such as `from tpu_inference.utils import make_optimized_mesh` swept).
+`MAXTEXT_COMPAT_DISABLE_CPU_SHIM=1` (or a comma list of parts: mesh,hbm,compiler_options,rpa)
+leaves parts out, which is how the tests prove the shim is what makes serving work.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from maxtext_compat.errors import InvalidArgumentError, ServingConfigError
+from maxtext_compat.shims import profiles
+from maxtext_compat.shims.patching import Original, PatchSpec
+
+PROFILE = "cpu-serving"
+PARTS: tuple[str, ...] = ("mesh", "hbm", "compiler_options", "rpa")
+DISABLE_ENV = "MAXTEXT_COMPAT_DISABLE_CPU_SHIM"
+HBM_ENV = "MAXTEXT_COMPAT_CPU_HBM_GB"
+DEFAULT_CPU_HBM_GB = 2.0  # what the KV-cache sizing sees; pass --num-gpu-blocks-override for tiny caches
+
+UTILS = "tpu_inference.utils"
+COMPILER_OPTIONS = "tpu_inference.models.common.compiler_options"
+# Decorated at import time with jax.jit(compiler_options=get_sampling_compiler_options()): if it
+# was imported before us, its jit object already holds the TPU options and must be rebuilt.
+SAMPLING = "tpu_inference.layers.jax.sample.sampling"
+
+log = logging.getLogger(__name__)
+_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True)
+class CpuServingStatus:
+    """What `install()` did, or why it did nothing."""
+
+    active: bool
+    reason: str
+    parts: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    patches: tuple[str, ...] = field(default_factory=tuple)
+
+
+_STATUS: CpuServingStatus | None = None
+_RPA_OURS = False  # whether this module installed cpu_rpa (and so removes it)
+_SAMPLING_UNDO: list[Callable[[], None]] = []
+
+
+# --------------------------------------------------------------------------------------------
+# When to act
+# --------------------------------------------------------------------------------------------
+
+
+def configured_platforms() -> tuple[str, ...]:
+    """The platforms jax is configured for, read without initialising a backend."""
+    jax = sys.modules.get("jax")
+    value = None
+    if jax is not None:
+        try:
+            value = jax.config.jax_platforms
+        except AttributeError:
+            value = None
+    if not value:
+        value = os.environ.get("JAX_PLATFORMS", "") or os.environ.get("JAX_PLATFORM_NAME", "")
+    return tuple(p.strip().lower() for p in str(value).split(",") if p.strip())
+
+
+def cpu_only() -> bool:
+    """True when jax can only use CPU devices (JAX_PLATFORMS=cpu); never initialises a backend."""
+    return configured_platforms() == ("cpu",)
+
+
+def disabled_parts(value: str | None = None) -> tuple[str, ...]:
+    """Parts switched off by MAXTEXT_COMPAT_DISABLE_CPU_SHIM ('1'/'all' = every part)."""
+    raw = os.environ.get(DISABLE_ENV, "") if value is None else value
+    raw = raw.strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return ()
+    if raw in ("1", "true", "yes", "all"):
+        return PARTS
+    names = tuple(p.strip() for p in raw.split(",") if p.strip())
+    unknown = [n for n in names if n not in PARTS]
+    if unknown:
+        raise InvalidArgumentError(
+            f"{DISABLE_ENV} names unknown parts",
+            argument=DISABLE_ENV,
+            expected=f"1/all, or a comma list of {list(PARTS)}",
+            found=raw,
+            fix=f"e.g. {DISABLE_ENV}=rpa",
+        )
+    return names
+
+
+def cpu_hbm_bytes() -> int:
+    raw = os.environ.get(HBM_ENV, "")
+    try:
+        gb = float(raw) if raw else DEFAULT_CPU_HBM_GB
+    except ValueError:
+        gb = -1.0
+    if gb <= 0:
+        raise InvalidArgumentError(
+            f"{HBM_ENV} must be a positive number of GiB",
+            argument=HBM_ENV,
+            expected="e.g. 2 or 0.5",
+            found=raw,
+            fix=f"unset {HBM_ENV} to use {DEFAULT_CPU_HBM_GB} GiB",
+        )
+    return int(gb * (1 << 30))
+
+
+def _on_cpu_devices(devices: Iterable[Any]) -> bool:
+    devs = list(devices)
+    return bool(devs) and all(getattr(d, "platform", "") == "cpu" for d in devs)
+
+
+# --------------------------------------------------------------------------------------------
+# The wrappers (F1, F2, F4)
+# --------------------------------------------------------------------------------------------
+
+
+def _mesh_factory(original: Original) -> Callable[..., Any]:
+    def make_optimized_mesh(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        import jax
+        import numpy as np
+        from jax.sharding import Mesh
+
+        axis_shapes = kwargs.get("axis_shapes", args[0] if args else None)
+        axis_names = kwargs.get("axis_names", args[1] if len(args) > 1 else None)
+        devices = kwargs.get("devices")
+        devs = list(devices) if devices is not None else jax.devices()
+        if not _on_cpu_devices(devs) or axis_shapes is None or axis_names is None:
+            return wrapped(*args, **kwargs)
+        need = math.prod(int(s) for s in axis_shapes)
+        if len(devs) < need:
+            raise ServingConfigError(
+                "the serving mesh needs more CPU devices than jax has",
+                argument="tensor_parallel_size",
+                expected=f"at least {need} devices for mesh {dict(zip(axis_names, axis_shapes, strict=False))}",
+                found=f"{len(devs)} CPU device(s)",
+                fix=f"set XLA_FLAGS=--xla_force_host_platform_device_count={need} before starting vllm serve",
+            )
+        # CPU devices have no coords to sort by; their ids are already in order.
+        return Mesh(np.array(devs[:need]).reshape(tuple(int(s) for s in axis_shapes)), tuple(axis_names))
+
+    return make_optimized_mesh
+
+
+def _hbm_factory(original: Original) -> Callable[..., Any]:
+    def get_device_hbm_limit(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        import jax
+
+        if _on_cpu_devices(jax.devices()):
+            return cpu_hbm_bytes()
+        return wrapped(*args, **kwargs)
+
+    return get_device_hbm_limit
+
+
+def _no_options_factory(original: Original) -> Callable[..., Any]:
+    def compiler_options(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        import jax
+
+        if _on_cpu_devices(jax.devices()):
+            return {}
+        return wrapped(*args, **kwargs)
+
+    return compiler_options
+
+
+def _specs(parts: tuple[str, ...]) -> list[PatchSpec]:
+    specs: list[PatchSpec] = []
+    origin = "maxtext_compat.shims.cpu_serving"
+    if "mesh" in parts:
+        specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", _mesh_factory, origin=f"{origin} (F1 CPU mesh)"))
+    if "hbm" in parts:
+        specs.append(PatchSpec(f"{UTILS}:get_device_hbm_limit", _hbm_factory, origin=f"{origin} (F2 CPU HBM limit)"))
+    if "compiler_options" in parts:
+        for name in ("get_step_fn_compiler_options", "get_sampling_compiler_options"):
+            specs.append(
+                PatchSpec(f"{COMPILER_OPTIONS}:{name}", _no_options_factory, origin=f"{origin} (F4 no TPU options)")
+            )
+    return specs
+
+
+_PARTS_FOR_BUILD: list[tuple[str, ...]] = [()]
+
+
+def _build() -> list[PatchSpec]:
+    return _specs(_PARTS_FOR_BUILD[0])
+
+
+if PROFILE not in profiles.registered_profiles():
+    profiles.register_profile(PROFILE, _build, description="vllm serve on a CPU backend (F1, F2, F4)")
+
+
+# --------------------------------------------------------------------------------------------
+# sampling.sample: rebuilt without TPU compiler options when it was imported before us (F4)
+# --------------------------------------------------------------------------------------------
+
+
+def _rebuild_sampling_jit() -> None:
+    """`sampling.sample` is `jax.jit(..., compiler_options=<TPU options>)` built at import time."""
+    mod = sys.modules.get(SAMPLING)
+    if mod is None:
+        return  # imported later, it reads the patched get_sampling_compiler_options
+    import jax
+
+    original = mod.sample
+    inner = getattr(original, "__wrapped__", None)
+    if inner is None:
+        raise ServingConfigError(
+            f"{SAMPLING}.sample is not a jax.jit function; the CPU shim cannot drop its TPU compiler options",
+            argument=SAMPLING,
+            expected="jax.jit(sample) with compiler_options",
+            found=type(original).__name__,
+            fix="report the tpu-inference version; load the plugin before the sampler is imported",
+        )
+    import inspect
+
+    # The static arguments of tpu-inference 0.32.0's decorator, where the function still has them.
+    params = inspect.signature(inner).parameters
+    rebuilt = jax.jit(inner, static_argnames=[n for n in ("mesh", "allow_distributed_sampling") if n in params])
+    mod.sample = rebuilt
+    rebound = [m for m in list(sys.modules.values()) if getattr(m, "sample", None) is original and m is not mod]
+    for m in rebound:
+        m.sample = rebuilt
+
+    def undo() -> None:
+        for m in [mod, *rebound]:
+            if getattr(m, "sample", None) is rebuilt:
+                m.sample = original
+
+    _SAMPLING_UNDO.append(undo)
+    from maxtext_compat.shims.registry import ActivePatch, record
+
+    record(ActivePatch(f"{SAMPLING}:sample", "maxtext_compat.shims.cpu_serving (F4 re-jit without options)", PROFILE))
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def installed() -> bool:
+    with _LOCK:
+        return _STATUS is not None and _STATUS.active
+
+
+def status() -> CpuServingStatus | None:
+    with _LOCK:
+        return _STATUS
+
+
+def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> CpuServingStatus:
+    """Apply the CPU serving shim in this process (idempotent); a no-op unless JAX_PLATFORMS=cpu.
+
+    parts: which parts to apply (default: all but those named in MAXTEXT_COMPAT_DISABLE_CPU_SHIM).
+    force_rpa: passed to `cpu_rpa.install(force=...)` (unverified jax).
+    """
+    global _STATUS, _RPA_OURS
+    with _LOCK:
+        if installed():
+            assert _STATUS is not None
+            return _STATUS
+        if not cpu_only():
+            platforms = ",".join(configured_platforms()) or "unset (jax picks TPU/GPU when present)"
+            status_ = CpuServingStatus(False, f"JAX_PLATFORMS is {platforms}, not cpu: nothing patched")
+            log.info("maxtext_compat cpu-serving shim: %s", status_.reason)
+            return status_
+        off = disabled_parts()
+        wanted = tuple(p for p in (PARTS if parts is None else tuple(parts)) if p in PARTS and p not in off)
+        bad = [p for p in (parts or ()) if p not in PARTS]
+        if bad:
+            raise InvalidArgumentError(
+                "unknown CPU serving shim parts", argument="parts", expected=list(PARTS), found=bad
+            )
+        skipped = tuple(p for p in PARTS if p not in wanted)
+        patch_targets: list[str] = []
+        _PARTS_FOR_BUILD[0] = wanted
+        patch_set = profiles.install(PROFILE) if any(p != "rpa" for p in wanted) else None
+        try:
+            if patch_set is not None:
+                patch_targets.extend(patch_set.targets)
+            if "compiler_options" in wanted:
+                _rebuild_sampling_jit()
+                if SAMPLING in sys.modules:
+                    patch_targets.append(f"{SAMPLING}:sample")
+            if "rpa" in wanted:
+                from maxtext_compat.shims import cpu_rpa
+
+                was_on = cpu_rpa.installed()
+                rpa_status = cpu_rpa.install(force=force_rpa)
+                _RPA_OURS = rpa_status.active and not was_on
+                patch_targets.extend(rpa_status.patches)
+        except BaseException:
+            _undo_sampling()
+            profiles.uninstall(PROFILE)
+            raise
+        _STATUS = CpuServingStatus(True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets))
+        if skipped:
+            log.warning("maxtext_compat cpu-serving shim: parts switched off by %s: %s", DISABLE_ENV, skipped)
+        log.info("maxtext_compat cpu-serving shim installed: %s", ", ".join(patch_targets))
+        return _STATUS
+
+
+def _undo_sampling() -> None:
+    from maxtext_compat.shims.registry import forget
+
+    while _SAMPLING_UNDO:
+        _SAMPLING_UNDO.pop()()
+        forget(f"{SAMPLING}:sample", PROFILE)
+
+
+def uninstall() -> list[str]:
+    """Restore everything this module patched (and cpu_rpa, if this module installed it)."""
+    global _STATUS, _RPA_OURS
+    with _LOCK:
+        done: list[str] = []
+        if _RPA_OURS:
+            from maxtext_compat.shims import cpu_rpa
+
+            done.extend(cpu_rpa.uninstall())
+            _RPA_OURS = False
+        if _SAMPLING_UNDO:
+            _undo_sampling()
+            done.append(f"{SAMPLING}:sample")
+        if profiles.installed(PROFILE):
+            targets = [t for t in (_STATUS.patches if _STATUS else ()) if t not in done]
+            profiles.uninstall(PROFILE)
+            done.extend(targets)
+        _STATUS = None
+        return done

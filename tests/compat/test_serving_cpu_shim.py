@@ -1,0 +1,110 @@
+"""The CPU serving shim, part by part, in-process against the real tpu-inference 0.32.0 (no server).
+
+Each runtime gap (reference/tpu_inference_on_cpu.md F1, F2, F4) is first shown failing stock on
+CPU, then working under the shim, and the originals are back (by identity) after uninstall. The
+RPA part (F3) is `shims.cpu_rpa`'s and is proven end to end in test_serving_vllm.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+pytestmark = [pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+
+PARTS = ("mesh", "hbm", "compiler_options")
+
+
+@pytest.fixture
+def tpi():
+    utils = importlib.import_module("tpu_inference.utils")
+    co = importlib.import_module("tpu_inference.models.common.compiler_options")
+    loader = importlib.import_module("tpu_inference.models.common.model_loader")
+    runner = importlib.import_module("tpu_inference.runner.tpu_runner")
+    return utils, co, loader, runner
+
+
+@pytest.fixture
+def shim(tpi):
+    from maxtext_compat.shims import cpu_serving
+
+    assert not cpu_serving.installed(), "another test left the CPU serving shim installed"
+    yield cpu_serving
+    cpu_serving.uninstall()
+
+
+def test_stock_tpu_inference_fails_on_cpu(tpi) -> None:
+    import jax
+
+    utils, co, _, _ = tpi
+    with pytest.raises(RuntimeError, match="Expected TPU devices"):
+        utils.get_device_hbm_limit()
+    with pytest.raises(AttributeError):
+        utils.make_optimized_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2])
+    options = co.get_step_fn_compiler_options()
+    assert any(k.startswith("xla_tpu_") for k in options)
+    with pytest.raises(Exception, match="No such compile option"):
+        jax.jit(lambda x: x + 1, compiler_options=options)(1.0)
+
+
+def test_shim_fills_each_gap_and_uninstall_restores_identity(tpi, shim) -> None:
+    import jax
+
+    from maxtext_compat.shims.registry import active_patches
+
+    utils, co, loader, runner = tpi
+    originals = {
+        "mesh": utils.make_optimized_mesh,
+        "hbm": utils.get_device_hbm_limit,
+        "step": co.get_step_fn_compiler_options,
+        "runner_mesh": runner.make_optimized_mesh,
+        "loader_step": loader.get_step_fn_compiler_options,
+    }
+    status = shim.install(parts=PARTS)
+    assert status.active and status.parts == PARTS and status.skipped == ("rpa",)
+
+    assert utils.get_device_hbm_limit() == shim.cpu_hbm_bytes() == 2 << 30
+    mesh = utils.make_optimized_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2])
+    assert dict(mesh.shape) == {"data": 1, "model": 2}
+    # `from tpu_inference.utils import make_optimized_mesh` in the runner sees the patch too.
+    assert runner.make_optimized_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2]).shape == mesh.shape
+    assert co.get_step_fn_compiler_options() == {} == loader.get_step_fn_compiler_options()
+    assert co.get_sampling_compiler_options() == {}
+    assert float(jax.jit(lambda x: x + 1, compiler_options=co.get_step_fn_compiler_options())(1.0)) == 2.0
+
+    ours = {p.target for p in active_patches() if p.profile == shim.PROFILE}
+    assert {
+        "tpu_inference.utils:make_optimized_mesh",
+        "tpu_inference.utils:get_device_hbm_limit",
+        "tpu_inference.models.common.compiler_options:get_step_fn_compiler_options",
+    } <= ours
+    assert shim.install(parts=PARTS) is shim.status()  # idempotent
+
+    shim.uninstall()
+    assert utils.make_optimized_mesh is originals["mesh"]
+    assert utils.get_device_hbm_limit is originals["hbm"]
+    assert co.get_step_fn_compiler_options is originals["step"]
+    assert runner.make_optimized_mesh is originals["runner_mesh"]
+    assert loader.get_step_fn_compiler_options is originals["loader_step"]
+    assert not [p for p in active_patches() if p.profile == shim.PROFILE]
+
+
+def test_mesh_needs_enough_cpu_devices(tpi, shim) -> None:
+    import jax
+
+    from maxtext_compat.errors import ServingConfigError
+
+    utils = tpi[0]
+    shim.install(parts=("mesh",))
+    with pytest.raises(ServingConfigError, match="xla_force_host_platform_device_count"):
+        utils.make_optimized_mesh((1, len(jax.devices()) + 1), ("data", "model"))
+
+
+def test_sampler_imported_before_the_shim_is_rebuilt_without_tpu_options(tpi, shim) -> None:
+    sampling = importlib.import_module("tpu_inference.layers.jax.sample.sampling")
+    before = sampling.sample
+    shim.install(parts=("compiler_options",))
+    assert sampling.sample is not before
+    shim.uninstall()
+    assert sampling.sample is before
