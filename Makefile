@@ -36,7 +36,7 @@ lint: setup
 
 demo: envs
 	@for env in $$($(MC) envs --json | $(DEV)/bin/python -c 'import json,sys; print(" ".join(e["name"] for e in json.load(sys.stdin) if e["maxtext"]))'); do \
-	  echo "=== $$env"; .envs/$$env/bin/maxtext-compat doctor; done
+	  echo; MAXTEXT_COMPAT_ENV=$$env .envs/$$env/bin/maxtext-compat demo || exit $$?; done
 
 test: envs lint
 	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build

@@ -111,6 +111,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return testmatrix.main_exit_code(results)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from maxtext_compat import demo
+
+    return demo.run(as_json=args.json, steps=args.steps)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="maxtext-compat", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -140,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--no-build", action="store_true")
     mx.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
     mx.set_defaults(func=_cmd_matrix)
+
+    dm = sub.add_parser("demo", help="the library in one screen on the installed MaxText (tiny random-weight model)")
+    dm.add_argument("--json", action="store_true")
+    dm.add_argument("--steps", type=int, default=16, help="greedy decode steps (default 16)")
+    dm.set_defaults(func=_cmd_demo)
 
     # `serve` hands its arguments to vLLM unparsed (see main): listed here for --help only.
     sv = sub.add_parser(

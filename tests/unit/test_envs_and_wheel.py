@@ -19,7 +19,10 @@ from maxtext_compat.matrix import EnvironmentSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(shutil.which("uv") is None, reason="uv is installed by `make envs`")
+pytestmark = [
+    pytest.mark.envs("unit"),  # builds throwaway environments and a wheel: once per matrix run is enough
+    pytest.mark.skipif(shutil.which("uv") is None, reason="uv is installed by `make envs`"),
+]
 
 
 def _spec(**kw) -> EnvironmentSpec:

@@ -1,0 +1,96 @@
+"""The compat test matrix runner: real counts per environment; broken environments fail, never skip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from maxtext_compat import envs, testmatrix
+from maxtext_compat.matrix import EnvironmentSpec, load_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.envs("unit"),  # builds throwaway environments: once per matrix run is enough
+    pytest.mark.skipif(shutil.which("uv") is None, reason="uv is installed by `make envs`"),
+]
+
+
+def _spec(name: str, *requirements: str) -> EnvironmentSpec:
+    return EnvironmentSpec(
+        name=name,
+        description="test",
+        python="3.12",
+        maxtext=None,
+        requirements=requirements,
+        no_deps=(),
+        overrides=(),
+        exclude_newer="2026-12-01T00:00:00Z",
+        env={},
+        serving=False,
+    )
+
+
+@pytest.fixture
+def matrix(tmp_path, monkeypatch):
+    monkeypatch.setenv(envs.ENVS_DIR_VAR, str(tmp_path / "envs"))
+    m = load_matrix(REPO / "compat_matrix.yaml")
+    specs = {s.name: s for s in (_spec("tiny", "six==1.17.0"), _spec("broken", "six==999.0"))}
+    return dataclasses.replace(m, environments=specs)
+
+
+def test_an_environment_that_fails_to_build_fails_the_run(matrix, tmp_path):
+    results = testmatrix.run_matrix(["broken"], matrix=matrix, report_dir=tmp_path / "build", log=lambda _: None)
+    (r,) = results
+    assert r.status == "build-failed" and not r.ok and "six" in r.detail
+    assert testmatrix.main_exit_code(results) == 1
+    assert testmatrix.closing_line(results) == "compat-matrix: 0 passed, 1 failed, 0 skipped"
+    data = json.loads((tmp_path / "build" / "compat-report.json").read_text())
+    assert data["envs"][0]["status"] == "build-failed"
+    assert "build-failed" in (tmp_path / "build" / "compat-report.md").read_text()
+
+
+def test_counts_come_from_the_real_run_and_skips_are_not_passes(matrix, tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_x.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_bad(): assert 1 == 2\n"
+        "@pytest.mark.skip(reason='not here')\n"
+        "def test_skipped(): pass\n"
+    )
+    results = testmatrix.run_matrix(
+        ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite), "-q"], log=lambda _: None
+    )
+    (r,) = results
+    assert (r.passed, r.failed, r.skipped) == (1, 1, 1)
+    assert r.status == "failed"
+    assert testmatrix.closing_line(results) == "compat-matrix: 1 passed, 1 failed, 1 skipped"
+    env = json.loads((tmp_path / "build" / "compat-report.json").read_text())["envs"][0]
+    assert {"name", "versions", "passed", "failed", "skipped", "duration_s"} <= set(env)
+    assert env["name"] == "tiny" and env["duration_s"] > 0
+
+
+def test_an_environment_that_runs_no_test_fails(matrix, tmp_path):
+    suite = tmp_path / "empty"
+    suite.mkdir()
+    (suite / "test_none.py").write_text("x = 1\n")
+    (r,) = testmatrix.run_matrix(
+        ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite)], log=lambda _: None
+    )
+    assert r.status == "no-tests" and not r.ok
+
+
+def test_report_lists_the_rows_covered_only_by_mocks(matrix, tmp_path):
+    real = load_matrix(REPO / "compat_matrix.yaml")
+    mocked = testmatrix.mocked_rows(real)
+    assert mocked == ["0.2.0", "0.2.1", "0.2.2", "0.2.3", "0.2.4"]
+    testmatrix.write_reports([], real, tmp_path)
+    data = json.loads((tmp_path / "compat-report.json").read_text())
+    assert [r["maxtext"] for r in data["mocked_rows"]] == mocked
+    assert "MaxText 0.2.3: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
