@@ -68,8 +68,9 @@ def safe_load_text(text: str, path: str) -> Any:
             path=path,
             fix="fix the YAML syntax; only plain YAML is accepted (no !!python tags or other custom tags)",
         ) from None
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
-        # PyYAML's safe constructors can still raise these on odd scalars (e.g. huge timestamps).
+    except Exception as exc:  # noqa: BLE001 - any constructor failure is the document's fault
+        # PyYAML's safe constructors raise plain exceptions on odd tagged scalars
+        # (`!!bool 1` KeyError, `!!int ''` IndexError, `!!timestamp x` AttributeError, huge dates ...).
         raise MatrixError(
             f"a value could not be read: {type(exc).__name__}: {exc}",
             path=path,
@@ -90,6 +91,10 @@ class Node:
 
     def error(self, message: str, *, expected: Any = None, fix: str | None = None) -> MatrixError:
         found = None if expected is None else _describe(self.value)
+        if fix is None:
+            fix = f"set `{self.key or '<top level>'}` to {expected}" if expected is not None else (
+                f"correct `{self.key or '<top level>'}` in {self.path}"
+            )
         return MatrixError(message, path=self.path, key=self.key, expected=expected, found=found, fix=fix)
 
     # -- structure -------------------------------------------------------------------------------
@@ -148,6 +153,12 @@ class Node:
         v = self.value
         if isinstance(v, _dt.date):  # YAML turns unquoted 2025-09-15 into a date
             return v.isoformat()
+        if isinstance(v, float):  # unquoted 3.10 is the float 3.1: the version would be silently wrong
+            raise self.error(
+                "is a number, not a string (an unquoted version such as 3.10 reads as 3.1)",
+                expected="a quoted string",
+                fix=f'quote it, e.g. `{self.key.rsplit(".", 1)[-1]}: "{v}"`',
+            )
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise self.error("must be a string", expected="a string")
         return str(v)

@@ -263,7 +263,15 @@ class CompatMatrix:
         for r in self.maxtext:
             if r.release == v:
                 return r
-        raise KeyError(f"MaxText {release} has no row in {self.source}")
+        from maxtext_compat.errors import ResolutionError
+
+        raise ResolutionError(
+            f"MaxText {release} has no row in {self.source}",
+            argument="release",
+            expected=f"one of {[r.name for r in self.maxtext]}",
+            found=str(release),
+            fix="use a listed release, or maxtext_compat.resolve() for the nearest row of an unknown release",
+        )
 
     def tpu_inference_row(self, version: str | Version) -> TpuInferenceRow | None:
         for r in self.tpu_inference:

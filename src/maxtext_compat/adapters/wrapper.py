@@ -83,8 +83,9 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
             return cls.__call__(module, **kw)  # looked up per call: backport hooks may be installed since
 
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if rule_installed_on(cls):  # the vllm-backport shim already applies the rule to this class
-                return cls.__call__(self, *args, **kwargs)
+            raw = inspect.getattr_static(cls, "__call__")  # one read: the decision and the call agree
+            if is_rule_wrapper(raw):  # the vllm-backport shim already applies the rule to this class
+                return raw.__get__(self, cls)(*args, **kwargs)
             return call_rule(self, native_call, k, r, native, advertised, where, args, kwargs)
 
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *advertised.parameters.values()]
@@ -177,12 +178,16 @@ def _mode(module: Any, kind: str, t: Translated, explicit: Any) -> str:
     return str(mode) if mode is not None else TRAIN
 
 
-def rule_installed_on(cls: type) -> bool:
-    """Whether the vllm-backport shim currently patches `cls.__call__` (then it applies the rule)."""
-    from maxtext_compat.shims.registry import active_patches
+def is_rule_wrapper(raw: Any) -> bool:
+    """Whether `raw` (a class-dict entry) is a vllm-backport shim layer, which applies the call rule itself.
 
-    target = f"{cls.__module__}:{cls.__qualname__}.__call__"
-    return any(p.target == target and p.profile == "vllm-backport" for p in active_patches())
+    Decided from the object, not from the registry, so an uninstall racing with the call cannot
+    make the adapter call a bare MaxText method with kv_cache= (the object still wraps it).
+    """
+    from maxtext_compat.shims import patching
+
+    layer = patching._OURS.get(id(raw))
+    return layer is not None and layer.profile == "vllm-backport" and layer.wrapper is raw
 
 
 def call_rule(

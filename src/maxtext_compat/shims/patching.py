@@ -514,8 +514,8 @@ def _sweep(spec: PatchSpec, original: Original) -> list[tuple[Any, str]]:
     for mod in _modules_in(scope):
         try:
             items = list(vars(mod).items())
-        except TypeError:
-            continue  # not a module with globals (a sys.modules placeholder object)
+        except Exception:  # noqa: BLE001 - not a module with readable globals (a placeholder, a lazy proxy)
+            continue
         found.extend(
             (mod, key)
             for key, value in items

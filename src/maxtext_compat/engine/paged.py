@@ -1,0 +1,307 @@
+"""Greedy generation through the paged-KV (vLLM) call of any release: ragged prefill, then decode steps.
+
+Why an engine here: a serving runner (vLLM + tpu-inference) owns batching, pages and
+metadata; to show on a plain CPU that the new call convention works the same on every
+MaxText release, we need the same loop without vLLM: allocate pages, order the ragged
+batch decode-first (`paged.build_metadata`), pad to fixed buckets so each phase compiles
+once, call the wrapped Transformer the new way, and turn the pre-norm hidden state into
+logits (`logits_from_hidden`, what MaxText's vLLM adapter does). On MaxText 0.1.0 the call
+runs the backport; on 0.2.x MaxText's own vLLM path (config attention="vllm_rpa").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+
+from maxtext_compat.engine.timing import timed_call
+from maxtext_compat.engine.types import Buckets, Generation, StepRecord, check_force, check_prompts, next_inputs
+from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.paged import KVCacheLayout, PageAllocator, SequenceSlice, build_metadata, head_parallelism
+from maxtext_compat.paged.layout import cdiv, dtype_name
+from maxtext_compat.paged.metadata import next_pow2
+
+AUTOREGRESSIVE = "autoregressive"  # MaxText's MODEL_MODE_AUTOREGRESSIVE in every release
+
+
+def _step(graphdef: Any, state: Any, tokens: Any, positions: Any, caches: list[Any], metadata: Any) -> Any:
+    """One paged step of the wrapped Transformer: (logits [T, vocab], updated caches)."""
+    from flax import nnx
+
+    from maxtext_compat.adapters.returns import logits_from_hidden
+
+    model = nnx.merge(graphdef, state)
+    hidden, new = model(tokens, positions, kv_caches=caches, attention_metadata=metadata, model_mode=AUTOREGRESSIVE)
+    logits = logits_from_hidden(model, hidden, AUTOREGRESSIVE)
+    return logits.reshape(logits.shape[0], logits.shape[-1]), list(new) if new is not None else None
+
+
+def on_mesh(state: Any, mesh: Any) -> Any:
+    """`state` with every array that is not laid out on `mesh` replicated over `mesh`.
+
+    Why: MaxText 0.1.0 on flax 0.12 creates its parameters without sharding metadata, so a
+    model built on a 4-device mesh holds them on one device, and a step whose KV caches are
+    sharded over 4 devices refuses the mix. They must be replicated on the cache (RPA) mesh,
+    not on MaxText's own mesh: on CPU, arguments on a mesh with a 'tensor' axis make XLA's SPMD
+    partitioner reject the interpreted kernel's io_callback inside tpu-inference's shard_map
+    ("side-effect HLO cannot have a replicated sharding"). Arrays already on `mesh` (0.2.x,
+    whose cache mesh is the model's) keep their sharding.
+    """
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = set(mesh.devices.flat)
+    replicated = NamedSharding(mesh, P())
+
+    def place(x: Any) -> Any:
+        sharding = getattr(x, "sharding", None)
+        if sharding is None:
+            return x
+        same = (
+            isinstance(sharding, NamedSharding)
+            and tuple(sharding.mesh.axis_names) == tuple(mesh.axis_names)
+            and set(sharding.device_set) == devices
+        )
+        return x if same else jax.device_put(x, replicated)
+
+    return jax.tree.map(place, state)
+
+
+def cache_mesh_for(model: Any) -> Any:
+    """The mesh the KV caches live on: the model's own (0.2.x, vllm.yml axes) or the backport's RPA mesh."""
+    from maxtext_compat.paged.sharding import check_mesh
+
+    mesh = getattr(model, "mesh", None)
+    if mesh is None:
+        raise InvalidArgumentError("the model has no mesh", argument="model.mesh", fix="build it with a mesh")
+    if model._mc_row.has_kv_params:
+        check_mesh(mesh, argument="model.mesh")
+        return mesh
+    from maxtext_compat.backport.attention import rpa_mesh_for
+
+    return rpa_mesh_for(mesh)
+
+
+def layout_for_model(model: Any, *, num_pages: int, page_size: int, mesh: Any = None) -> KVCacheLayout:
+    """The KV-cache layout of `model`'s attention (heads, head_dim, dtype, TP of the cache mesh)."""
+    cfg = model.config
+    tp = head_parallelism(mesh) if mesh is not None else 1
+    return KVCacheLayout(num_pages, page_size, int(cfg.num_kv_heads), int(cfg.head_dim), dtype_name(cfg.dtype), tp)
+
+
+def default_buckets(prompts: Sequence[Sequence[int]], num_steps: int, layout: KVCacheLayout) -> Buckets:
+    """Power-of-two buckets that fit this batch (pass Buckets explicitly to pin shapes across batches)."""
+    longest = max(len(p) for p in prompts) + num_steps
+    return Buckets(
+        max_num_tokens=max(8, next_pow2(sum(len(p) for p in prompts))),
+        max_num_seqs=next_pow2(len(prompts)),
+        pages_per_seq=next_pow2(cdiv(longest, layout.page_size)),
+    )
+
+
+class PagedEngine:
+    """Greedy generation of a batch of prompts through a Transformer's paged-KV call.
+
+    model: a MaxText Transformer (NNX) of the installed release, or `wrap(...)` of one. On
+    0.2.x its config must say attention="vllm_rpa" (tiny_config(vllm=True)); on 0.1.0 any
+    unscanned train-mode model works (the backport routes attention to RPA).
+    layout: the cache layout (default: from the config, `num_pages` x `page_size`, TP = the
+    cache mesh's model axis). buckets: fixed padded sizes (default: fitted per batch).
+    context: a factory of the mesh context every call runs under (default: the release's).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        layout: KVCacheLayout | None = None,
+        num_pages: int = 32,
+        page_size: int = 16,
+        buckets: Buckets | None = None,
+        context: Callable[[], AbstractContextManager[Any]] | None = None,
+    ) -> None:
+        from maxtext_compat.adapters import wrap
+
+        if getattr(type(model), "_mc_native", None) is None:
+            model = wrap(model)
+        if model._mc_kind != "transformer":
+            raise InvalidArgumentTypeError(
+                "the engine drives a whole Transformer",
+                argument="model",
+                expected="a MaxText Transformer (or wrap() of one)",
+                found=f"{type(model).__qualname__} (kind {model._mc_kind})",
+            )
+        self.model = model
+        self.row = model._mc_row
+        self.config = model.config
+        self._check_config()
+        self.cache_mesh = cache_mesh_for(model)
+        self.layout = layout or layout_for_model(model, num_pages=num_pages, page_size=page_size, mesh=self.cache_mesh)
+        tp = head_parallelism(self.cache_mesh)
+        if self.layout.tp != tp:
+            raise InvalidArgumentError(
+                "the cache layout's tensor parallelism differs from the model's",
+                argument="layout.tp",
+                expected=tp,
+                found=self.layout.tp,
+                fix=f"use layout.with_tp({tp})",
+            )
+        self.buckets = buckets
+        if context is None:
+            from maxtext_compat.testing.tiny import mesh_context
+
+            row, cfg, mesh = self.row, self.config, model.mesh
+            context = lambda: mesh_context(cfg, mesh, row=row)  # noqa: E731
+        self._context = context
+        import functools
+
+        import jax
+        from flax import nnx
+
+        # The graph structure is fixed by construction (weights may change: state is split per run);
+        # closed over rather than a static argument because some releases' GraphDefs are unhashable.
+        self._graphdef = nnx.split(self.model)[0]
+        self._step = jax.jit(functools.partial(_step, self._graphdef))
+
+    def _check_config(self) -> None:
+        cfg = self.config
+        if getattr(cfg, "scan_layers", False):
+            raise InvalidArgumentError(
+                "the paged path needs an unscanned decoder",
+                argument="config.scan_layers",
+                expected="False (MaxText's configs/inference/vllm.yml sets it)",
+                found=True,
+                fix="build the model with scan_layers=False and load maxtext_compat.weights.unscan_params(...)",
+            )
+        modes = self.row.vllm.attention_modes if self.row.vllm else ()
+        if self.row.has_kv_params and cfg.attention not in modes:
+            raise InvalidArgumentError(
+                f"MaxText {self.row.name} writes the paged KV cache only with attention in {list(modes)}",
+                argument="config.attention",
+                expected=f"one of {list(modes)}",
+                found=repr(cfg.attention),
+                fix="build the config from configs/inference/vllm.yml (testing.tiny.tiny_config(vllm=True))",
+            )
+
+    def allocate_caches(self) -> list[Any]:
+        """Zeroed caches, one per layer, sharded as tpu-inference allocates them (no reshard at step 2)."""
+        return self.layout.allocate(int(self.config.num_decoder_layers), mesh=self.cache_mesh)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        num_steps: int,
+        *,
+        force: Sequence[Sequence[int]] | None = None,
+        allocator: PageAllocator | None = None,
+    ) -> Generation:
+        """One ragged prefill of all prompts, then `num_steps` decode steps of the whole batch.
+
+        force: teacher forcing, force[i][k] is fed at decode step k+1 instead of the greedy
+        token (compares two paths on identical inputs even where an argmax is a near-tie).
+        allocator: where pages come from (default: a fresh one over the whole cache);
+        requests are the prompts' indices and are freed at the end (their pages are in the result).
+        """
+        from flax import nnx
+
+        prompts_t = check_prompts(prompts, int(self.config.vocab_size))
+        if num_steps < 0:
+            raise InvalidArgumentError("num_steps must be >= 0", argument="num_steps", found=num_steps)
+        forced = check_force(force, prompts_t, num_steps)
+        buckets = self.buckets or default_buckets(prompts_t, num_steps, self.layout)
+        alloc = allocator or PageAllocator(self.layout.num_pages, self.layout.page_size)
+        self._check_capacity(prompts_t, num_steps, buckets, alloc)
+        state = on_mesh(nnx.split(self.model)[1], self.cache_mesh)
+        caches = self.allocate_caches()
+        gen = Generation("paged", prompts_t, layout=self.layout)
+        ids = list(range(len(prompts_t)))
+        try:
+            seqs = [alloc.append(i, len(p)) for i, p in zip(ids, prompts_t, strict=True)]
+            rows = [t for p in prompts_t for t in p]
+            caches = self._run(gen, "prefill", state, seqs, rows, buckets.max_num_tokens, buckets, caches)
+            for k in range(num_steps):
+                feed = next_inputs(gen.steps[-1], forced, k)
+                seqs = [alloc.append(i, 1) for i in ids]
+                caches = self._run(gen, "decode", state, seqs, feed, buckets.decode_rows, buckets, caches)
+            gen.pages = tuple(alloc.pages(i) for i in ids)
+        finally:
+            for i in ids:
+                if i in alloc.requests():
+                    alloc.free(i)
+        gen.caches = caches
+        return gen
+
+    def _check_capacity(
+        self, prompts: tuple[tuple[int, ...], ...], num_steps: int, buckets: Buckets, alloc: PageAllocator
+    ) -> None:
+        """Refuse a run the buckets or the cache cannot finish before its first step runs (not at step k)."""
+        size = self.layout.page_size
+        longest = max(len(p) for p in prompts) + num_steps
+        checks = [
+            (sum(len(p) for p in prompts) <= buckets.max_num_tokens, "the prompts have more tokens than the padded "
+             "token capacity", "max_num_tokens", f">= {sum(len(p) for p in prompts)}", buckets.max_num_tokens),
+            (len(prompts) <= min(buckets.max_num_seqs, buckets.decode_rows), "the batch has more sequences than "
+             "the buckets hold", "max_num_seqs/decode_tokens", f">= {len(prompts)}",
+             (buckets.max_num_seqs, buckets.decode_rows)),
+            (cdiv(longest, size) <= buckets.pages_per_seq, "a sequence will need more pages than a block-table row "
+             "holds", "pages_per_seq", f">= {cdiv(longest, size)} (longest prompt + num_steps = {longest} tokens)",
+             buckets.pages_per_seq),
+            (sum(cdiv(len(p) + num_steps, size) for p in prompts) <= alloc.num_free, "the KV cache has too few "
+             "free pages for this run", "num_pages", f">= {sum(cdiv(len(p) + num_steps, size) for p in prompts)}"
+             " free pages", f"{alloc.num_free} free"),
+        ]  # fmt: skip
+        for ok, message, argument, expected, found in checks:
+            if not ok:
+                raise CacheCapacityError(
+                    message, argument=argument, expected=expected, found=found,
+                    fix="raise the bucket / cache size, or run fewer or shorter prompts or steps",
+                )  # fmt: skip
+
+    def _run(
+        self,
+        gen: Generation,
+        kind: str,
+        state: Any,
+        seqs: list[SequenceSlice],
+        rows: list[int],
+        num_rows: int,
+        buckets: Buckets,
+        caches: list[Any],
+    ) -> list[Any]:
+        import jax.numpy as jnp
+
+        md = build_metadata(
+            seqs, self.layout, max_num_tokens=num_rows, max_num_seqs=buckets.max_num_seqs,
+            pages_per_seq=buckets.pages_per_seq,
+        )  # fmt: skip
+        tokens = md.to_kernel_order(np.asarray(rows, np.int32))
+        positions = np.asarray(md.input_positions, np.int32)
+        args = (
+            state,
+            jnp.asarray(tokens)[:, None],
+            jnp.asarray(positions)[:, None],
+            caches,
+            md.to_attention_metadata(),
+        )
+        with self._context():
+            (logits, new), seconds, compile_s = timed_call(self._step, *args)
+        if new is None or any(c is None for c in new):
+            raise InvalidArgumentError(
+                "the model returned no KV cache for a layer; the next step would lose the context",
+                argument="model",
+                expected=f"{len(caches)} updated caches",
+                found=None if new is None else [i for i, c in enumerate(new) if c is None],
+                fix="build the model with scan_layers=False (MaxText 0.2.x scanned llama2 drops its caches)",
+            )
+        host = md.from_kernel_order(np.asarray(logits))
+        bounds = np.cumsum([0, *(s.q_len for s in seqs)])
+        per_seq = tuple(host[bounds[i] : bounds[i + 1]] for i in range(len(seqs)))
+        chosen = tuple(int(np.argmax(x[-1])) for x in per_seq)
+        gen.steps.append(StepRecord(kind, per_seq, chosen, seconds))  # type: ignore[arg-type]
+        gen.compile_seconds += compile_s
+        gen.compiles += compile_s > 0
+        return new
