@@ -126,3 +126,24 @@ class BackendUnavailableError(ServingError, LookupError):
 
 class WeightsUnavailableError(ServingError):
     """The served model has no weights to load: no checkpoint path and not `--load-format dummy`."""
+
+
+class WeightsMismatchError(CompatError, ValueError):
+    """A parameter tree does not fit the model it is loaded into: paths missing, extra, or of another shape.
+
+    `missing` / `extra` list paths ('a/b/c'); `mismatched` lists (path, found shape, expected shape).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: list[str] | None = None,
+        extra: list[str] | None = None,
+        mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] | None = None,
+        **kw: Any,
+    ) -> None:
+        self.missing = list(missing or [])
+        self.extra = list(extra or [])
+        self.mismatched = list(mismatched or [])
+        super().__init__(message, **kw)
