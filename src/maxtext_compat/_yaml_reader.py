@@ -68,7 +68,7 @@ def safe_load_text(text: str, path: str) -> Any:
             path=path,
             fix="fix the YAML syntax; only plain YAML is accepted (no !!python tags or other custom tags)",
         ) from None
-    except Exception as exc:  # noqa: BLE001 - any constructor failure is the document's fault
+    except Exception as exc:
         # PyYAML's safe constructors raise plain exceptions on odd tagged scalars
         # (`!!bool 1` KeyError, `!!int ''` IndexError, `!!timestamp x` AttributeError, huge dates ...).
         raise MatrixError(

@@ -514,7 +514,7 @@ def _sweep(spec: PatchSpec, original: Original) -> list[tuple[Any, str]]:
     for mod in _modules_in(scope):
         try:
             items = list(vars(mod).items())
-        except Exception:  # noqa: BLE001 - not a module with readable globals (a placeholder, a lazy proxy)
+        except Exception:
             continue
         found.extend(
             (mod, key)
