@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.envs("maxtext-0.2.5")]  # + "maxtext-0.1.0-jax011" once the backport backend exists
+pytestmark = [pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
 
 PLUGIN_SCRIPT = r"""
 import json, inspect

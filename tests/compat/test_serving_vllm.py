@@ -24,7 +24,7 @@ import pytest
 
 from maxtext_compat.serving.server import Server
 
-pytestmark = [pytest.mark.envs("maxtext-0.2.5"), pytest.mark.needs_maxtext, pytest.mark.slow]
+pytestmark = [pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011"), pytest.mark.needs_maxtext, pytest.mark.slow]
 
 PROMPTS: tuple[list[int], ...] = ([1, 5, 7, 9, 11, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 MAX_TOKENS = 8

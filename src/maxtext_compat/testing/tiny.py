@@ -160,6 +160,8 @@ def tiny_config(
         yml = a.package_dir / a.row.config.vllm_yml
         ov["attention"] = "vllm_rpa"
     ov.update(overrides)
+    if a.row.import_root == "MaxText" and ov.get("load_parameters_path") and "enable_checkpointing" not in overrides:
+        ov["enable_checkpointing"] = True  # 0.1.0's pyconfig refuses to load a checkpoint otherwise
     # pyconfig of 0.2.5 sets XLA_FLAGS to an HLO dump when it is empty: keep the caller's value.
     saved = os.environ.get("XLA_FLAGS")
     try:
