@@ -31,8 +31,8 @@ envs: setup
 	PATH="$(dir $(UV)):$$PATH" $(MC) envs build
 
 lint: setup
-	$(DEV)/bin/ruff check src tests benchmarks
-	$(DEV)/bin/ruff format --check src tests benchmarks
+	$(DEV)/bin/ruff check src tests benchmarks tools
+	$(DEV)/bin/ruff format --check src tests benchmarks tools
 
 demo: envs
 	@for env in $$($(MC) envs --json | $(DEV)/bin/python -c 'import json,sys; print(" ".join(e["name"] for e in json.load(sys.stdin) if e["maxtext"]))'); do \
@@ -42,8 +42,7 @@ test: envs lint
 	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build
 
 bench: envs
-	mkdir -p build
-	MAXTEXT_COMPAT_ENV=maxtext-0.2.5 .envs/maxtext-0.2.5/bin/python benchmarks/bench_paged.py --out build/bench.md
+	$(DEV)/bin/python benchmarks/run_all.py --out build
 
 clean:
 	rm -rf .envs $(TOOLS) build

@@ -92,8 +92,10 @@ class Node:
     def error(self, message: str, *, expected: Any = None, fix: str | None = None) -> MatrixError:
         found = None if expected is None else _describe(self.value)
         if fix is None:
-            fix = f"set `{self.key or '<top level>'}` to {expected}" if expected is not None else (
-                f"correct `{self.key or '<top level>'}` in {self.path}"
+            fix = (
+                f"set `{self.key or '<top level>'}` to {expected}"
+                if expected is not None
+                else (f"correct `{self.key or '<top level>'}` in {self.path}")
             )
         return MatrixError(message, path=self.path, key=self.key, expected=expected, found=found, fix=fix)
 

@@ -346,7 +346,11 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
         )
     rows = tuple(_parse_row(n) for n in doc.child("maxtext").elements())
     if not rows:
-        raise doc.child("maxtext").error("must list at least one MaxText release", expected="a non-empty list")
+        raise doc.child("maxtext").error(
+            "must list at least one MaxText release",
+            expected="a non-empty list",
+            fix="add a row per MaxText release under `maxtext:` (copy a row of the shipped compat_matrix.yaml)",
+        )
     _check_unique([r.name for r in rows], doc.child("maxtext"), "release")
     tpi = tuple(_parse_tpi(n) for n in doc.child("tpu_inference").elements())
     _check_disjoint(tpi, doc.child("tpu_inference"))
@@ -358,7 +362,10 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
         spec = _parse_env(name, n)
         if spec.maxtext is not None and spec.maxtext not in releases:
             raise n.child("maxtext").error(
-                "names a MaxText release without a row", expected=f"one of {sorted(releases)} or null"
+                "names a MaxText release without a row",
+                expected=f"one of {sorted(releases)} or null",
+                fix=f"set `{n.key}.maxtext` to one of {sorted(releases)} (null for no MaxText), "
+                f"or add a `maxtext:` row for release {spec.maxtext}",
             )
         envs[name] = spec
     return CompatMatrix(version, path, rows, tpi, shim, envs)
@@ -416,9 +423,16 @@ def _parse_row(n: Node) -> MaxTextRow:
         c = classes_node.child(key)
         classes[key] = None if c.value is None else c.parsed(ClassRef.parse, "a 'module:Class' reference")
     if classes["attention"] is None or classes["transformer"] is None:
-        raise classes_node.error("attention and transformer must name classes")
+        raise classes_node.error(
+            "attention and transformer must name classes",
+            fix=f"set `{classes_node.key}.attention` and `{classes_node.key}.transformer` to 'module:Class' references",
+        )
     if classes["decoder"] is None and classes["nnx_decoder"] is None:
-        raise classes_node.error("at least one of decoder / nnx_decoder must name a class")
+        raise classes_node.error(
+            "at least one of decoder / nnx_decoder must name a class",
+            fix=f"set `{classes_node.key}.decoder` (Linen) or `{classes_node.key}.nnx_decoder` (NNX) "
+            "to a 'module:Class' reference",
+        )
     layers_node = n.child("decoder_layers")
     layers_node.only_keys(set(FAMILIES))
     layers = {fam: ln.parsed(ClassRef.parse, "a 'module:Class' reference") for fam, ln in layers_node.items()}
@@ -440,7 +454,12 @@ def _parse_row(n: Node) -> MaxTextRow:
     has_kv = "kv_cache" in params["attention"]
     if (convention == "legacy") == has_kv:
         raise n.child("convention").error(
-            "disagrees with params.attention (kv_cache present means a post-#2616 convention)"
+            "disagrees with params.attention (kv_cache present means a post-#2616 convention)",
+            expected="kv_return or kv_scan_carry (params.attention lists kv_cache)"
+            if has_kv
+            else "legacy (params.attention has no kv_cache)",
+            fix="set convention: legacy when Attention.__call__ has no kv_cache parameter, kv_return or "
+            "kv_scan_carry when it has; or correct params.attention to the release's signature",
         )
     vllm_node = n.optional("vllm")
     vllm = _parse_vllm(vllm_node) if vllm_node is not None else None
@@ -480,7 +499,11 @@ def _param_list(n: Node) -> list[str]:
     out = list(n.string_list())
     for p in out:
         if p not in OPTIONAL_PARAMS:
-            raise n.error(f"unknown optional parameter {p!r}", expected=f"names from {list(OPTIONAL_PARAMS)}")
+            raise n.error(
+                f"unknown optional parameter {p!r}",
+                expected=f"names from {list(OPTIONAL_PARAMS)}",
+                fix=f"remove {p!r} from `{n.key}` or correct its spelling",
+            )
     return out
 
 
@@ -491,7 +514,11 @@ def _parse_vllm(n: Node) -> VllmPath:
     })  # fmt: skip
     arity = n.child("adapter_return_arity").integer()
     if arity not in (3, 4):
-        raise n.child("adapter_return_arity").error("must be 3 or 4", expected="3 or 4")
+        raise n.child("adapter_return_arity").error(
+            "must be 3 or 4",
+            expected="3 or 4",
+            fix="set adapter_return_arity to the number of values the release's vLLM adapter returns (3 or 4)",
+        )
     return VllmPath(
         attention_modes=n.child("attention_modes").string_list(),
         rpa_module=n.child("rpa_module").nonempty_string(),
@@ -552,16 +579,29 @@ def _parse_tpi(n: Node) -> TpuInferenceRow:
     form = rpa.child("call_form").choice(CALL_FORMS)
     factory = rpa.child("factory_params").string_list() if rpa.optional("factory_params") else ()
     if (form == "curried") != bool(factory):
-        raise rpa.child("call_form").error("curried form needs factory_params; flat form must not have them")
+        raise rpa.child("call_form").error(
+            "curried form needs factory_params; flat form must not have them",
+            expected="factory_params with call_form: curried, none with call_form: flat",
+            fix="list the factory's parameters under rpa.factory_params for call_form: curried, "
+            "or remove rpa.factory_params for call_form: flat",
+        )
     md = n.child("metadata")
     md.only_keys({"module", "class", "fields", "meta_fields"})
     arity = n.child("model_return_arity").integer()
     if arity not in (3, 4):
-        raise n.child("model_return_arity").error("must be 3 or 4", expected="3 or 4")
+        raise n.child("model_return_arity").error(
+            "must be 3 or 4",
+            expected="3 or 4",
+            fix="set model_return_arity to the number of values the release's model function returns (3 or 4)",
+        )
     block_sizes = n.child("block_sizes").string_list()
     for b in block_sizes:
         if b not in ("function", "env"):
-            raise n.child("block_sizes").error(f"unknown block-size source {b!r}", expected="function and/or env")
+            raise n.child("block_sizes").error(
+                f"unknown block-size source {b!r}",
+                expected="function and/or env",
+                fix=f"list only `function` and/or `env` under block_sizes (remove {b!r})",
+            )
     releases = _parse_releases(n.child("releases"), versions)
     return TpuInferenceRow(
         versions=versions,
@@ -594,7 +634,11 @@ def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
         try:
             Version(ver)
         except Exception:
-            raise rn.error("is not a PEP 440 release number", expected='a key such as "0.32.0"') from None
+            raise rn.error(
+                "is not a PEP 440 release number",
+                expected='a key such as "0.32.0"',
+                fix='key each release by its quoted version number, e.g. `"0.32.0": {jax: "0.11.2"}`',
+            ) from None
         if not versions.contains(ver, prereleases=True):
             raise rn.error(f"release {ver} lies outside this entry's range {versions}", fix="move it to its range")
         vt = rn.optional("vllm_tpu")
@@ -604,7 +648,11 @@ def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
             vllm_tpu=None if vt is None else vt.parsed(lambda s: str(Version(s)), "a vllm-tpu version"),
         )
     if not out:
-        raise n.error("must list at least one release", expected="a mapping of releases")
+        raise n.error(
+            "must list at least one release",
+            expected="a mapping of releases",
+            fix=f'add the releases of this range under `{n.key}`, e.g. `"0.32.0": {{jax: "0.11.2"}}`',
+        )
     return out
 
 
@@ -626,7 +674,10 @@ def _parse_env(name: str, n: Node) -> EnvironmentSpec:
         "serving",
     })  # fmt: skip
     if not name or any(c in name for c in "/\\ "):
-        raise n.error("environment names must be plain words (used as a directory name)")
+        raise n.error(
+            "environment names must be plain words (used as a directory name)",
+            fix="rename the environment to a non-empty name without '/', '\\' or spaces, e.g. `maxtext-0.2.5`",
+        )
     mt = n.optional("maxtext")
     reqs = n.child("requirements").string_list() if n.optional("requirements") else ()
     for r in reqs + (n.child("no_deps").string_list() if n.optional("no_deps") else ()):

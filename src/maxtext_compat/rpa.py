@@ -215,6 +215,8 @@ def plan_call(row: TpuInferenceRow, values: Mapping[str, Any], *, label: str | N
             argument="rpa.call_form",
             expected="curried|flat",
             found=rpa.call_form,
+            fix="set rpa.call_form of this tpu_inference row in compat_matrix.yaml to 'curried' or 'flat' "
+            "(or upgrade maxtext-compat, if the matrix is from a newer release)",
         )
     order = rpa.returns.replace(" ", "")
     if order not in ("(output,kv_cache)", "(kv_cache,output)"):
@@ -223,6 +225,8 @@ def plan_call(row: TpuInferenceRow, values: Mapping[str, Any], *, label: str | N
             argument="rpa.returns",
             expected="(output, kv_cache) or (kv_cache, output)",
             found=rpa.returns,
+            fix="set rpa.returns of this tpu_inference row in compat_matrix.yaml to '(output, kv_cache)' or "
+            "'(kv_cache, output)', as the release's kernel returns them",
         )
     return RpaCall(rpa.call_form, factory, args, kwargs, order == "(kv_cache,output)")
 
@@ -392,6 +396,8 @@ def _check_kernel_features(kernel: str, attention_sink: Any, update_kv_cache: bo
             argument="update_kv_cache",
             expected="True for head_dim 64",
             found=False,
+            fix="pass update_kv_cache=True with head_dim 64 (the hd64 kernel always writes the new K/V), "
+            "or use a head_dim other than 64 for calls that must not write the cache",
         )
     if kernel == "hd64" and not causal:
         raise KernelUnavailableError(
@@ -399,4 +405,5 @@ def _check_kernel_features(kernel: str, attention_sink: Any, update_kv_cache: bo
             argument="use_causal_mask",
             expected="True for head_dim 64",
             found=False,
+            fix="pass use_causal_mask=True with head_dim 64 (non-causal attention needs a head_dim other than 64)",
         )

@@ -135,7 +135,11 @@ def _additional_config(args: Sequence[str]) -> dict[str, Any]:
         ) from exc
     if not isinstance(data, dict):
         raise InvalidArgumentError(
-            "--additional-config must be a JSON object", argument="--additional-config", found=type(data).__name__
+            "--additional-config must be a JSON object",
+            argument="--additional-config",
+            expected='a JSON object such as {"maxtext_config": {"model_name": "default"}}',
+            found=type(data).__name__,
+            fix="wrap the settings in a JSON object: --additional-config '{\"maxtext_config\": {...}}'",
         )
     return data
 

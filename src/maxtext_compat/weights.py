@@ -80,6 +80,7 @@ def _keyed(source: Any) -> dict[tuple[Any, ...], Any]:
             argument="source",
             expected="an NNX module, an nnx.State, Linen variables / params, or a {path: array} mapping",
             found=type(source).__name__,
+            fix="pass the model itself, nnx.state(model, nnx.Param), Linen `variables`, or a dict of arrays",
         )
     if set(source) == {"params"} and isinstance(source["params"], Mapping):
         source = source["params"]  # Linen `variables`
@@ -269,7 +270,13 @@ def unscan_params(
         if parts[1] == "layers_remainder":
             m = _LAYER.match(parts[2])
             if m is None:
-                raise InvalidArgumentError("unexpected remainder path", argument="params", found=path)
+                raise InvalidArgumentError(
+                    "unexpected remainder path",
+                    argument="params",
+                    expected="decoder/layers_remainder/layers_<j>/...",
+                    found=path,
+                    fix="unscan this model family by hand or build it with scan_layers=False",
+                )
             remainder.setdefault(int(m.group(1)), {})[SEP.join(parts[3:])] = value
             continue
         n = np.shape(value)[axis] if len(np.shape(value)) > axis else -1
@@ -279,6 +286,7 @@ def unscan_params(
                 argument="scan_axis",
                 expected=f"an axis < {len(np.shape(value))} (param_scan_axis of the config)",
                 found=f"{path} of shape {tuple(np.shape(value))}, scan_axis={axis}",
+                fix="pass the model's config (its param_scan_axis) or the right scan_axis=",
             )
         sizes.add(int(n))
         m = _LAYER.match(parts[2])

@@ -396,11 +396,6 @@ def test_replaced_wrapper_at_any_position_blocks_the_whole_uninstall(make, relea
 # --------------------------------------------------------------------------------------------- aliases in scope
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: patching._sweep only catches TypeError from vars(module); a module in the alias scope whose "
-    "__dict__ raises escapes install() as a bare RuntimeError (nothing is written, but the error is untyped)",
-)
 def test_unreadable_module_in_the_alias_scope_is_typed_or_skipped(make):
     """A module in the package that cannot be listed (not a target: the sweep for `from x import f`
     aliases reads it) gives a typed PatchError with nothing changed, or is skipped like a placeholder."""

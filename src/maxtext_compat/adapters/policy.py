@@ -41,7 +41,11 @@ def set_deprecation_policy(policy: str | None) -> None:
     """Override the matrix row's policy for this process (None goes back to the row)."""
     if policy is not None and policy not in POLICIES:
         raise InvalidArgumentError(
-            "unknown deprecation policy", argument="policy", expected=f"one of {list(POLICIES)}", found=repr(policy)
+            "unknown deprecation policy",
+            argument="policy",
+            expected=f"one of {list(POLICIES)}",
+            found=repr(policy),
+            fix="call set_deprecation_policy('ignore'), ('warn') or ('error'), or None to go back to the matrix row",
         )
     with _lock:
         _override["policy"] = policy
@@ -71,7 +75,11 @@ def effective_policy(row: MaxTextRow, override: str | None = None) -> str:
     if forced:
         if forced not in POLICIES:
             raise InvalidArgumentError(
-                f"{POLICY_ENV} is not a policy", argument=POLICY_ENV, expected=f"one of {list(POLICIES)}", found=forced
+                f"{POLICY_ENV} is not a policy",
+                argument=POLICY_ENV,
+                expected=f"one of {list(POLICIES)}",
+                found=repr(forced),
+                fix=f"set {POLICY_ENV} to ignore, warn or error, or unset it to use the matrix row's policy",
             )
         return str(forced)
     return row.deprecation.policy

@@ -70,7 +70,14 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
     r = _row(row)
     k = kind or kind_of(cls, r)
     if k not in KINDS:
-        raise InvalidArgumentError("unknown kind", argument="kind", expected=f"one of {list(KINDS)}", found=repr(k))
+        raise InvalidArgumentError(
+            "unknown kind",
+            argument="kind",
+            expected=f"one of {list(KINDS)}",
+            found=repr(k),
+            fix=f"pass kind= as one of {', '.join(map(repr, KINDS))} (e.g. kind='attention'), "
+            "or leave it out to detect the kind from the class",
+        )
     key = (cls, r.name, k)
     with _lock:
         if key in _ADAPTED:
@@ -124,15 +131,21 @@ def wrap(
     """
     if deprecation is not None and deprecation not in ("ignore", "warn", "error"):
         raise InvalidArgumentError(
-            "unknown deprecation policy", argument="deprecation", expected="ignore, warn or error", found=deprecation
+            "unknown deprecation policy",
+            argument="deprecation",
+            expected="ignore, warn or error",
+            found=repr(deprecation),
+            fix="pass deprecation='ignore', 'warn' or 'error', or leave it out (None) to use the matrix row's policy",
         )
     if isinstance(module, type):
         if deprecation is not None or strict is not None:
             raise InvalidArgumentError(
                 "per-adapter deprecation/strict apply to instances",
                 argument="deprecation/strict",
-                found="a class",
-                fix="use maxtext_compat.adapters.set_deprecation_policy / set_strict for classes",
+                expected="a module instance when deprecation= or strict= is given",
+                found=f"the class {module.__qualname__}",
+                fix="use maxtext_compat.adapters.set_deprecation_policy / set_strict for classes, "
+                "or wrap an instance: wrap(module_instance, deprecation=..., strict=...)",
             )
         return adapted_class(module, row=row, kind=kind)
     cls = adapted_class(type(module), row=row, kind=kind)

@@ -29,7 +29,11 @@ def backport_call(
     caches = list(t.kv) if many and t.kv is not None else [t.kv]
     mesh = getattr(module, "mesh", None)
     if writes and mesh is None:
-        raise BackportError(f"{where} has no mesh to run ragged paged attention on", argument="mesh")
+        raise BackportError(
+            f"{where} has no mesh to run ragged paged attention on",
+            argument="mesh",
+            fix="construct the MaxText module with mesh=<the device mesh it runs on> before a new call",
+        )
     rpa_mesh = rpa_mesh_for(mesh) if writes else None
     with kv_session(caches, t.metadata, rpa_mesh, where, route=writes) as session:
         result = native_call(module, **t.kwargs)

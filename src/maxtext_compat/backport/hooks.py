@@ -83,7 +83,11 @@ def specs(row: MaxTextRow) -> list[Any]:
     def ref(key: str) -> str:
         cls = row.classes[key]
         if cls is None:
-            raise BackportError(f"MaxText {row.name} has no {key} class to hook", argument=key)
+            raise BackportError(
+                f"MaxText {row.name} has no {key} class to hook",
+                argument=key,
+                fix=f"set classes.{key} of the {row.name} row in compat_matrix.yaml to the release's class",
+            )
         return str(cls)
 
     return [

@@ -43,6 +43,7 @@ def compare(paged: Generation, dense: Generation) -> list[ComparisonRow]:
             argument="dense",
             expected=f"{len(paged.prompts)} prompts, {len(paged.steps)} steps",
             found=f"{len(dense.prompts)} prompts, {len(dense.steps)} steps",
+            fix="run both paths on the same prompts with the same num_steps (and the same force, if any)",
         )
     pt, dt = paged.tokens(), dense.tokens()
     return [

@@ -73,6 +73,7 @@ def dense_greedy(
             argument="seq_len",
             expected=f">= {need}",
             found=length,
+            fix=f"pass seq_len >= {need}, or leave it out (None) to size it from the prompts and num_steps",
         )
     if context is None:
         from maxtext_compat.testing.tiny import mesh_context

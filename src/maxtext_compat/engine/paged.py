@@ -134,6 +134,7 @@ class PagedEngine:
                 argument="model",
                 expected="a MaxText Transformer (or wrap() of one)",
                 found=f"{type(model).__qualname__} (kind {model._mc_kind})",
+                fix="pass the whole MaxText Transformer (the model), not one of its layers",
             )
         self.model = model
         self.row = model._mc_row
@@ -210,7 +211,12 @@ class PagedEngine:
 
         prompts_t = check_prompts(prompts, int(self.config.vocab_size))
         if num_steps < 0:
-            raise InvalidArgumentError("num_steps must be >= 0", argument="num_steps", found=num_steps)
+            raise InvalidArgumentError(
+                "num_steps must be >= 0",
+                argument="num_steps",
+                found=num_steps,
+                fix="pass num_steps >= 0 (the decode steps after the prefill; 0 runs the prefill only)",
+            )
         forced = check_force(force, prompts_t, num_steps)
         buckets = self.buckets or default_buckets(prompts_t, num_steps, self.layout)
         alloc = allocator or PageAllocator(self.layout.num_pages, self.layout.page_size)

@@ -39,7 +39,13 @@ class Buckets:
             if value is None and name == "decode_tokens":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError("bucket sizes are positive ints", argument=name, found=repr(value))
+                raise InvalidArgumentError(
+                    "bucket sizes are positive ints",
+                    argument=name,
+                    found=repr(value),
+                    fix=f"pass {name} as an int >= 1"
+                    + (", or None to use max_num_tokens" if name == "decode_tokens" else ""),
+                )
 
     @property
     def decode_rows(self) -> int:
@@ -92,10 +98,18 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None = Non
     """Prompts as tuples of ints; typed errors for empty batches, empty prompts or ids out of range."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise InvalidArgumentTypeError(
-            "prompts is a list of token-id lists", argument="prompts", found=type(prompts).__name__
+            "prompts is a list of token-id lists",
+            argument="prompts",
+            found=type(prompts).__name__,
+            fix="tokenize first and pass a list of token-id lists, e.g. [[1, 2, 3]] for one prompt",
         )
     if not prompts:
-        raise InvalidArgumentError("no prompts to generate from", argument="prompts", found="[]")
+        raise InvalidArgumentError(
+            "no prompts to generate from",
+            argument="prompts",
+            found="[]",
+            fix="pass at least one prompt (a non-empty list of token ids)",
+        )
     out = []
     for i, p in enumerate(prompts):
         ids = tuple(int(t) for t in p)
@@ -111,6 +125,9 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None = Non
                 argument=f"prompts[{i}]",
                 expected=f"ids in [0, {vocab_size})",
                 found=bad[:5],
+                fix="token ids are >= 0"
+                if vocab_size is None
+                else f"tokenize with the model's tokenizer (vocab_size={vocab_size}) or raise vocab_size in the config",
             )
         out.append(ids)
     return tuple(out)

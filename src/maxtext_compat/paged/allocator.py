@@ -57,13 +57,20 @@ class PageAllocator:
             raise InvalidArgumentError(
                 "the cache needs at least one page of at least one token",
                 argument="num_pages/page_size",
-                found=(num_pages, page_size),
+                expected="num_pages >= 1 and page_size >= 1",
+                found=f"num_pages={num_pages}, page_size={page_size}",
+                fix="pass the num_pages and page_size of the cache's KVCacheLayout (both >= 1), "
+                "e.g. PageAllocator(layout.num_pages, layout.page_size)",
             )
         keep = set(reserved)
         bad = sorted(p for p in keep if not 0 <= p < num_pages)
         if bad:
             raise InvalidArgumentError(
-                "reserved pages out of range", argument="reserved", expected=f"[0, {num_pages})", found=bad
+                "reserved pages out of range",
+                argument="reserved",
+                expected=f"page ids in [0, {num_pages})",
+                found=bad,
+                fix=f"reserve only page ids of this cache (0 to {num_pages - 1}), or drop {bad}",
             )
         free = [p for p in range(num_pages) if p not in keep]
         if seed is not None:
@@ -94,7 +101,13 @@ class PageAllocator:
     def allocate(self, request_id: Hashable, num_tokens: int) -> tuple[int, ...]:
         """Make sure `request_id` has pages for `num_tokens` tokens in total; returns its pages."""
         if num_tokens < 0:
-            raise InvalidArgumentError("token count must be >= 0", argument="num_tokens", found=num_tokens)
+            raise InvalidArgumentError(
+                "token count must be >= 0",
+                argument="num_tokens",
+                expected=">= 0",
+                found=num_tokens,
+                fix="pass the request's total token count (cached tokens + new tokens), 0 or more",
+            )
         pages = self._pages.setdefault(request_id, [])
         need = cdiv(num_tokens, self.page_size) - len(pages)
         if need > len(self._free):
@@ -115,7 +128,11 @@ class PageAllocator:
         """Add q_len new tokens to a request (prefill or decode); returns its slice of the step."""
         if q_len < 1:
             raise InvalidArgumentError(
-                "a request in a step adds at least one token", argument="q_len", expected=">= 1", found=q_len
+                "a request in a step adds at least one token",
+                argument="q_len",
+                expected=">= 1",
+                found=q_len,
+                fix="pass q_len >= 1 (the new tokens of this step), or leave the request out of the step",
             )
         kv_len = self.num_tokens(request_id) + q_len
         pages = self.allocate(request_id, kv_len)

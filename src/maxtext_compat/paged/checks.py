@@ -48,21 +48,35 @@ def check_kernel_inputs(
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(getattr(x, "shape", ())) != 3:
             raise InvalidArgumentError(
-                "q/k/v are ragged token rows", argument=name, expected="a 3-D array [tokens, heads, head_dim]",
+                "q/k/v are ragged token rows",
+                argument=name,
+                expected="a 3-D array [tokens, heads, head_dim]",
                 found=f"shape {tuple(getattr(x, 'shape', ()))}",
-            )  # fmt: skip
+                fix=f"reshape {name} to [tokens, heads, head_dim], e.g. {name}.reshape(tokens, -1, head_dim)",
+            )
     if tuple(k.shape) != tuple(v.shape):
-        raise InvalidArgumentError("k and v must have one shape", argument="v", expected=tuple(k.shape), found=v.shape)
+        raise InvalidArgumentError(
+            "k and v must have one shape",
+            argument="v",
+            expected=tuple(k.shape),
+            found=tuple(v.shape),
+            fix="pass v with the same [tokens, KV heads, head_dim] shape as k (one value row per key row)",
+        )
     if q.shape[0] != k.shape[0]:
         raise InvalidArgumentError(
             "q and k/v must have the same number of token rows",
             argument="k",
             expected=f"{q.shape[0]} rows",
             found=f"{k.shape[0]} rows",
+            fix="pass k and v with one row per q row (the step's tokens, padded to max_num_tokens like q)",
         )
     if q.shape[2] != k.shape[2]:
         raise InvalidArgumentError(
-            "q and k/v must have the same head_dim", argument="k", expected=q.shape[2], found=k.shape[2]
+            "q and k/v must have the same head_dim",
+            argument="k",
+            expected=q.shape[2],
+            found=k.shape[2],
+            fix=f"pass k and v with head_dim {q.shape[2]} (q's); the kernel has no separate value head_dim",
         )
     num_q_heads, num_kv_heads, head_dim = int(q.shape[1]), int(k.shape[1]), int(q.shape[2])
     if num_q_heads % num_kv_heads:
@@ -71,6 +85,8 @@ def check_kernel_inputs(
             argument="q",
             expected=f"a multiple of {num_kv_heads} heads",
             found=num_q_heads,
+            fix=f"pass q with a multiple of {num_kv_heads} heads (the model's num_query_heads), "
+            "or k/v with a number of KV heads that divides q's",
         )
     if num_q_heads % tp:
         raise InvalidArgumentError(
@@ -110,7 +126,14 @@ def check_kernel_inputs(
                 fix=f"{name}.astype(jnp.int32)",
             )
         if len(x.shape) != 1:
-            raise InvalidArgumentError("metadata arrays are 1-D", argument=name, expected="1-D", found=x.shape)
+            raise InvalidArgumentError(
+                "metadata arrays are 1-D",
+                argument=name,
+                expected="1-D",
+                found=f"shape {tuple(x.shape)}",
+                fix=f"flatten {name}: {name}.reshape(-1)"
+                + (" (the [max_num_seqs, pages_per_seq] block table, row-major)" if name == "page_indices" else ""),
+            )
     max_num_seqs = int(kv_lens.shape[0])
     expected_len = {"cu_q_lens": max_num_seqs + 1, "distribution": 3}
     for name, want in expected_len.items():
@@ -120,6 +143,12 @@ def check_kernel_inputs(
                 argument=name,
                 expected=f"length {want}" + (" (len(kv_lens) + 1)" if name == "cu_q_lens" else ""),
                 found=f"length {arrays[name].shape[0]}",
+                fix=(
+                    f"pass cu_q_lens with len(kv_lens) + 1 = {want} entries (cumulative query lengths from 0)"
+                    if name == "cu_q_lens"
+                    else "pass distribution as 3 int32 values (decode end, prefill-only end, total sequences)"
+                )
+                + ", or build the metadata with maxtext_compat.paged.build_metadata",
             )
     if page_indices.shape[0] == 0 or page_indices.shape[0] % max_num_seqs:
         raise InvalidArgumentError(
@@ -127,13 +156,24 @@ def check_kernel_inputs(
             argument="page_indices",
             expected=f"a non-zero multiple of len(kv_lens)={max_num_seqs}",
             found=f"length {page_indices.shape[0]}",
+            fix="pass page_indices as the block table flattened to max_num_seqs * pages_per_seq entries "
+            f"({max_num_seqs} rows, each padded to pages_per_seq entries, e.g. with page 0)",
         )
     if sliding_window is not None and (isinstance(sliding_window, bool) or int(sliding_window) <= 0):
-        raise InvalidArgumentError("sliding_window must be a positive int or None", argument="sliding_window",
-                                   found=sliding_window)  # fmt: skip
+        raise InvalidArgumentError(
+            "sliding_window must be a positive int or None",
+            argument="sliding_window",
+            expected="None or an int >= 1",
+            found=repr(sliding_window),
+            fix="pass sliding_window=None for full attention, or the window size in tokens (>= 1)",
+        )
     if soft_cap is not None and float(soft_cap) == 0.0:
         raise InvalidArgumentError(
-            "soft_cap 0 divides by zero", argument="soft_cap", expected="None or a non-zero float", found=soft_cap
+            "soft_cap 0 divides by zero",
+            argument="soft_cap",
+            expected="None or a non-zero float",
+            found=soft_cap,
+            fix="pass soft_cap=None for no logit capping, or the cap value (e.g. 50.0)",
         )
     if attention_sink is not None and tuple(attention_sink.shape) != (num_q_heads,):
         raise InvalidArgumentError(
@@ -141,6 +181,7 @@ def check_kernel_inputs(
             argument="attention_sink",
             expected=f"shape ({num_q_heads},)",
             found=tuple(attention_sink.shape),
+            fix=f"pass attention_sink with one float per query head, shape ({num_q_heads},), or None for no sink",
         )
     if host_values is not None:
         values = dict(zip(METADATA_NAMES, host_values, strict=True))

@@ -131,10 +131,22 @@ class KVCacheLayout:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgumentTypeError(
-                    "layout sizes must be ints", argument=name, expected="a positive int", found=repr(value)
+                    "layout sizes must be ints",
+                    argument=name,
+                    expected="a positive int",
+                    found=f"{value!r} ({type(value).__name__})",
+                    fix=f"pass {name} as a plain Python int, e.g. {name}=int(...)",
                 )
             if value < 1:
-                raise InvalidArgumentError("layout sizes must be positive", argument=name, expected=">= 1", found=value)
+                raise InvalidArgumentError(
+                    "layout sizes must be positive",
+                    argument=name,
+                    expected=">= 1",
+                    found=value,
+                    fix=f"pass {name} >= 1"
+                    + (" (a cache needs at least one page)" if name == "num_pages" else "")
+                    + (" (1 means no tensor parallelism)" if name == "tp" else ""),
+                )
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         bits = dtype_bits(self.dtype)
         packing = 32 // bits
@@ -149,7 +161,11 @@ class KVCacheLayout:
         hd64 = self.head_dim == HD64 if self.hd64 is None else bool(self.hd64)
         if hd64 and self.head_dim != HD64:
             raise InvalidArgumentError(
-                "the hd64 layout is only for head_dim 64", argument="hd64", expected="False", found=self.head_dim
+                "the hd64 layout is only for head_dim 64",
+                argument="hd64",
+                expected=f"False (or None) for head_dim {self.head_dim}",
+                found=f"hd64=True with head_dim {self.head_dim}",
+                fix="leave hd64=None to pick the layout from head_dim, or pass hd64=False; hd64=True needs head_dim 64",
             )
         object.__setattr__(self, "_resolved_hd64", hd64)
         kv_heads_for_tp(self.num_kv_heads, self.tp)  # raises on an impossible split
@@ -240,10 +256,20 @@ class KVCacheLayout:
         The combined row indexes the cache's axes 2 and 3 flattened (row // packing, row % packing).
         """
         if kind not in ("k", "v"):
-            raise InvalidArgumentError("kind is 'k' or 'v'", argument="kind", found=repr(kind))
+            raise InvalidArgumentError(
+                "kind is 'k' or 'v'",
+                argument="kind",
+                expected="'k' or 'v'",
+                found=repr(kind),
+                fix="pass kind='k' or kind='v'",
+            )
         if not 0 <= head < self.num_kv_heads:
             raise InvalidArgumentError(
-                "head out of range", argument="head", expected=f"0 <= head < {self.num_kv_heads}", found=head
+                "head out of range",
+                argument="head",
+                expected=f"0 <= head < {self.num_kv_heads}",
+                found=head,
+                fix=f"pass a model KV head index from 0 to {self.num_kv_heads - 1} (num_kv_heads={self.num_kv_heads})",
             )
         out = []
         for r in range(self.replication):
@@ -299,7 +325,13 @@ class KVCacheLayout:
         import jax.numpy as jnp
 
         if num_layers < 1:
-            raise InvalidArgumentError("need at least one layer", argument="num_layers", found=num_layers)
+            raise InvalidArgumentError(
+                "need at least one layer",
+                argument="num_layers",
+                expected=">= 1",
+                found=num_layers,
+                fix="pass num_layers >= 1: the model's number of decoder layers (one cache per layer)",
+            )
         if mesh is None:
             return [jnp.zeros(self.shape, self.dtype) for _ in range(num_layers)]
         make = jax.jit(lambda: jnp.zeros(self.shape, self.dtype), out_shardings=self.sharding(mesh))
@@ -328,6 +360,7 @@ def layout_for(
         raise InvalidArgumentError(
             "the KV cache must be 5-D [pages, page_size, combined heads, packing, lanes]",
             argument="kv_cache",
+            expected="a 5-D shape",
             found=f"shape {tuple(kv_cache_shape)}",
             fix="allocate it with maxtext_compat.paged.KVCacheLayout(...).allocate(...)",
         )

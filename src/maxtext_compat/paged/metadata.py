@@ -147,6 +147,8 @@ class RaggedMetadata:
                 argument="x",
                 expected=f"{self.num_tokens} rows (the batch's tokens in caller order)",
                 found=f"{x.shape[0]} rows",
+                fix=f"pass x with one row per new token of this step ({self.num_tokens} rows, in the order of the "
+                "sequences given to build_metadata), unpadded",
             )
         rows = x[self._token_index()]
         pad_rows = self.max_num_tokens - self.num_tokens
@@ -335,13 +337,22 @@ def check_metadata(
     """Validate kernel metadata values (lengths, ordering, ranges, write conflicts)."""
     max_num_seqs = len(kv_lens)
     if max_num_seqs < 1:
-        raise InvalidArgumentError("kv_lens is empty", argument="kv_lens", expected="[max_num_seqs] with >= 1 entry")
+        raise InvalidArgumentError(
+            "kv_lens is empty",
+            argument="kv_lens",
+            expected="[max_num_seqs] with >= 1 entry",
+            found="0 entries",
+            fix="pass kv_lens with one entry per batch slot (max_num_seqs >= 1), "
+            "or build the metadata with maxtext_compat.paged.build_metadata",
+        )
     if len(cu_q_lens) != max_num_seqs + 1:
         raise InvalidArgumentError(
             "cu_q_lens must have one more entry than kv_lens",
             argument="cu_q_lens",
             expected=f"length {max_num_seqs + 1}",
             found=f"length {len(cu_q_lens)}",
+            fix=f"pass cu_q_lens with len(kv_lens) + 1 = {max_num_seqs + 1} entries (cumulative query lengths from 0), "
+            "or build the metadata with maxtext_compat.paged.build_metadata",
         )
     if len(distribution) != 3:
         raise InvalidArgumentError(
@@ -349,6 +360,8 @@ def check_metadata(
             argument="distribution",
             expected="length 3",
             found=f"length {len(distribution)}",
+            fix="pass distribution as 3 int32 values (decode end, prefill-only end, total sequences), "
+            "or build the metadata with maxtext_compat.paged.build_metadata",
         )
     if len(page_indices) == 0 or len(page_indices) % max_num_seqs:
         raise InvalidArgumentError(
@@ -356,6 +369,8 @@ def check_metadata(
             argument="page_indices",
             expected=f"a non-zero multiple of max_num_seqs={max_num_seqs} entries",
             found=f"{len(page_indices)} entries",
+            fix="pass page_indices as the block table flattened to max_num_seqs * pages_per_seq entries "
+            f"({max_num_seqs} rows; PageAllocator.block_table(...) builds them, padded with page 0)",
         )
     pages_per_seq = len(page_indices) // max_num_seqs
     d, p, n = (int(x) for x in distribution)
@@ -365,6 +380,8 @@ def check_metadata(
             argument="distribution",
             expected=f"0 <= d <= p <= n <= {max_num_seqs}",
             found=(d, p, n),
+            fix="set distribution to (decode sequences, the same again, all sequences) with all sequences "
+            f"<= max_num_seqs={max_num_seqs}, or build the metadata with maxtext_compat.paged.build_metadata",
         )
     if p != d:
         raise InvalidArgumentError(
@@ -375,7 +392,13 @@ def check_metadata(
             fix="put non-decode sequences in the mixed segment (maxtext_compat.paged.build_metadata does)",
         )
     if int(cu_q_lens[0]) != 0:
-        raise InvalidArgumentError("cu_q_lens must start at 0", argument="cu_q_lens[0]", expected=0, found=cu_q_lens[0])
+        raise InvalidArgumentError(
+            "cu_q_lens must start at 0",
+            argument="cu_q_lens[0]",
+            expected=0,
+            found=cu_q_lens[0],
+            fix="make cu_q_lens cumulative from 0: cu_q_lens = [0, q_len_0, q_len_0 + q_len_1, ...]",
+        )
     total = int(cu_q_lens[n])
     if total > max_num_tokens:
         raise CacheCapacityError(

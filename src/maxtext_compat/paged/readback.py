@@ -23,7 +23,11 @@ def _rows(layout: KVCacheLayout, pages: Sequence[int], start: int, stop: int) ->
 
     if not 0 <= start <= stop:
         raise InvalidArgumentError(
-            "token range must satisfy 0 <= start <= stop", argument="start/stop", found=(start, stop)
+            "token range must satisfy 0 <= start <= stop",
+            argument="start/stop",
+            expected="0 <= start <= stop",
+            found=f"start={start}, stop={stop}",
+            fix="pass a start position >= 0 and no later than the end position (kv_len, or start + token rows)",
         )
     need = cdiv(stop, layout.page_size)
     if len(pages) < need:
@@ -32,6 +36,8 @@ def _rows(layout: KVCacheLayout, pages: Sequence[int], start: int, stop: int) ->
             argument="pages",
             expected=f">= {need} pages for {stop} tokens",
             found=f"{len(pages)} pages",
+            fix=f"pass all the request's pages (PageAllocator.pages(request_id)), at least {need} of "
+            f"{layout.page_size} tokens, or read fewer tokens",
         )
     pos = np.arange(start, stop)
     page_ids = np.asarray(pages, np.int64)[pos // layout.page_size]
@@ -81,6 +87,7 @@ def read_kv(
                 f"the repeated copies of a {name} head differ in the cache",
                 argument="kv_cache",
                 expected=f"{layout.replication} identical copies per head (tp={layout.tp})",
+                found="copies that differ",
                 fix="write the cache only through the kernel or write_kv",
             )
     return k[0], v[0]
@@ -90,7 +97,12 @@ def read_sequence(kv_cache: Any, layout: KVCacheLayout, metadata: RaggedMetadata
     """K/V of kernel sequence `seq` of a step, all kv_lens[seq] positions."""
     if not 0 <= seq < metadata.num_seqs:
         raise InvalidArgumentError(
-            "sequence index out of range", argument="seq", expected=f"[0, {metadata.num_seqs})", found=seq
+            "sequence index out of range",
+            argument="seq",
+            expected=f"[0, {metadata.num_seqs})",
+            found=seq,
+            fix=f"pass a kernel sequence index below metadata.num_seqs={metadata.num_seqs} "
+            "(kernel order: decode sequences first)",
         )
     return read_kv(kv_cache, layout, metadata.pages_of(seq), metadata.kv_lens[seq])
 
@@ -109,7 +121,12 @@ def write_kv(kv_cache: Any, layout: KVCacheLayout, pages: Sequence[int], start: 
     for name, arr in (("k", k), ("v", v)):
         if arr.shape != want:
             raise InvalidArgumentError(
-                "K/V rows have the wrong shape", argument=name, expected=f"shape {want}", found=arr.shape
+                "K/V rows have the wrong shape",
+                argument=name,
+                expected=f"shape {want}",
+                found=arr.shape,
+                fix=f"pass {name} as [tokens, num_kv_heads={layout.num_kv_heads}, head_dim={layout.head_dim}] "
+                "with as many token rows in k as in v",
             )
     flat = _flat(kv_cache, layout).copy()
     page_ids, slots = _rows(layout, pages, start, start + k.shape[0])

@@ -161,6 +161,8 @@ def register_backend(name: str, factory: BackendFactory | str, *, applies: Predi
             argument="register_backend",
             expected="a name and a callable(row) -> ServingBackend, or 'module:Class'",
             found=f"name={name!r}, factory={factory!r}",
+            fix="call register_backend('my-backend', MyBackend, applies=...) with a non-empty name and a factory "
+            "that is callable or a 'package.module:Class' string",
         )
     with _LOCK:
         _ENTRIES[:] = [e for e in _ENTRIES if e.name != name]

@@ -37,6 +37,7 @@ def greedy_decode(
             argument="steps/prompts",
             expected="steps >= 1 and a non-empty prompt list",
             found=f"steps={steps}, {len(prompts)} prompts",
+            fix="pass at least one prompt (a list of token ids) and steps >= 1",
         )
     longest = max(len(p) for p in prompts)
     if longest + steps - 1 > length:

@@ -149,7 +149,11 @@ def start(
     """Start `argv` (a vllm serve command listening on 127.0.0.1:`port`) in its own process group."""
     if "--host" in argv and argv[list(argv).index("--host") + 1] != LOOPBACK:
         raise ServingError(
-            "test servers listen on loopback only", argument="--host", expected=LOOPBACK, found="another host"
+            "test servers listen on loopback only",
+            argument="--host",
+            expected=LOOPBACK,
+            found="another host",
+            fix=f"pass --host {LOOPBACK} or leave --host out of the command",
         )
     log = Path(log_path)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +179,13 @@ def token_ids(body: Mapping[str, Any]) -> list[int]:
             argument="response",
             expected="choices[0].token_ids (request with return_token_ids=true)",
             found=json.dumps(body)[:500],
+            fix='send the /v1/completions request with "return_token_ids": true and check the server log for errors',
         ) from exc
     if ids is None:
-        raise ServingError("the completion response has token_ids=null", argument="response", found=str(body)[:500])
+        raise ServingError(
+            "the completion response has token_ids=null",
+            argument="response",
+            found=str(body)[:500],
+            fix='send the /v1/completions request with "return_token_ids": true (a vLLM that supports it)',
+        )
     return [int(t) for t in ids]

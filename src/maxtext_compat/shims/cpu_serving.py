@@ -290,7 +290,11 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
         bad = [p for p in (parts or ()) if p not in PARTS]
         if bad:
             raise InvalidArgumentError(
-                "unknown CPU serving shim parts", argument="parts", expected=list(PARTS), found=bad
+                "unknown CPU serving shim parts",
+                argument="parts",
+                expected=list(PARTS),
+                found=bad,
+                fix=f"pass parts from {list(PARTS)}, or parts=None for all of them",
             )
         skipped = tuple(p for p in PARTS if p not in wanted)
         patch_targets: list[str] = []

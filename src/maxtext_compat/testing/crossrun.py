@@ -129,7 +129,13 @@ def build(spec: RunSpec) -> tuple[Any, Any]:
         dense = model  # 0.1.0: the same train-mode model runs both paths
     source = model if model is not None else dense
     if source is None:
-        raise InvalidArgumentError("the spec runs nothing", argument="spec", expected="paged or dense True")
+        raise InvalidArgumentError(
+            "the spec runs nothing",
+            argument="spec",
+            expected="paged or dense True",
+            found="paged=False, dense=False",
+            fix="set RunSpec(paged=True) and/or RunSpec(dense=True)",
+        )
     if spec.weights_in:
         load_params(source, load_npz(spec.weights_in), where=f"MaxText {row.name} {spec.family}")
     if dense is not None and dense is not source:
@@ -146,7 +152,13 @@ def run(spec: RunSpec, model: Any = None, dense_model: Any = None) -> RunResult:
     from maxtext_compat.testing import tiny
 
     if not spec.prompts:
-        raise InvalidArgumentError("the spec has no prompts", argument="spec.prompts", found="()")
+        raise InvalidArgumentError(
+            "the spec has no prompts",
+            argument="spec.prompts",
+            expected="at least one prompt",
+            found="()",
+            fix="give the RunSpec at least one prompt (a tuple of token ids)",
+        )
     if model is None:
         model, dense_model = build(spec)
     paged = dense = None
@@ -250,10 +262,20 @@ class PendingRun:
             self.process.kill()
             self.process.wait()
             raise CrossRunError(
-                f"the run in {self.env} did not finish", expected=f"< {self.timeout:.0f} s", found=self._tail()
+                f"the run in {self.env} did not finish",
+                argument="timeout",
+                expected=f"< {self.timeout:.0f} s",
+                found=self._tail(),
+                fix=f"read {self.log} for where it hung; pass a larger timeout= to start_in_env if it was only slow",
             ) from None
         if code != 0 or not all(out.is_file() for out in self.outs):
-            raise CrossRunError(f"the run in {self.env} failed (exit code {code})", found=self._tail())
+            raise CrossRunError(
+                f"the run in {self.env} failed (exit code {code})",
+                argument="env",
+                expected="exit code 0 and one result file per spec",
+                found=self._tail(),
+                fix=f"read the traceback in {self.log}; rerun the spec in {self.env} by hand to debug it",
+            )
         results = [load_result(out) for out in self.outs]
         for result in results:
             result.meta["wall_seconds"] = time.monotonic() - self.started

@@ -85,7 +85,13 @@ def program_text(fn: Callable[..., Any], *args: Any, stage: Stage = "lowered") -
     import jax
 
     if stage not in ("lowered", "compiled"):
-        raise InvalidArgumentError("unknown stage", argument="stage", expected="'lowered' or 'compiled'", found=stage)
+        raise InvalidArgumentError(
+            "unknown stage",
+            argument="stage",
+            expected="'lowered' or 'compiled'",
+            found=repr(stage),
+            fix="pass stage='lowered' (StableHLO) or stage='compiled' (optimised HLO)",
+        )
     lowered = jax.jit(fn).lower(*args)
     return lowered.as_text() if stage == "lowered" else lowered.compile().as_text()
 

@@ -44,7 +44,13 @@ class PagedKVCache:
 
     def __init__(self, layout: KVCacheLayout, num_layers: int, *, mesh: Any = None, seed: int | None = None) -> None:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise InvalidArgumentError("need at least one layer", argument="num_layers", found=repr(num_layers))
+            raise InvalidArgumentError(
+                "need at least one layer",
+                argument="num_layers",
+                expected="an int >= 1",
+                found=repr(num_layers),
+                fix="pass num_layers as the model's number of decoder layers (an int >= 1), one cache per layer",
+            )
         self.layout = layout
         self.num_layers = num_layers
         self.mesh = mesh
@@ -122,11 +128,19 @@ def parse_batch(batch: Any, tokens: Mapping[Hashable, int]) -> list[tuple[Hashab
         items = list(enumerate(batch))
     else:
         raise InvalidArgumentTypeError(
-            "a batch describes the requests of one step", argument="batch", expected=BATCH_HELP, found=repr(batch)
+            "a batch describes the requests of one step",
+            argument="batch",
+            expected=BATCH_HELP,
+            found=repr(batch),
+            fix="pass e.g. [(20, 20), (1, 14)] (a prefill of 20 tokens and a decode) or {'a': 1}",
         )
     if not items:
         raise InvalidArgumentError(
-            "a step needs at least one request", argument="batch", expected=BATCH_HELP, found=repr(batch)
+            "a step needs at least one request",
+            argument="batch",
+            expected=BATCH_HELP,
+            found=repr(batch),
+            fix="skip the step when no request has new tokens, or pass e.g. [(20, 20)]",
         )
     out: list[tuple[Hashable, int, int]] = []
     for key, spec in items:
@@ -145,10 +159,16 @@ def parse_batch(batch: Any, tokens: Mapping[Hashable, int]) -> list[tuple[Hashab
                 argument=where,
                 expected="two ints (new tokens this step, tokens in the cache after it)",
                 found=repr(spec),
+                fix="describe each request as (q_len, kv_len), e.g. (20, 20) for a 20-token prefill; a bare q_len "
+                "works only in a mapping {request_id: q_len}",
             )
         if q_len < 1:
             raise InvalidArgumentError(
-                "a request in a step adds at least one token", argument=where, expected="q_len >= 1", found=q_len
+                "a request in a step adds at least one token",
+                argument=where,
+                expected="q_len >= 1",
+                found=q_len,
+                fix="leave requests with no new tokens out of the step",
             )
         if q_len > kv_len:
             raise InvalidArgumentError(
@@ -159,7 +179,13 @@ def parse_batch(batch: Any, tokens: Mapping[Hashable, int]) -> list[tuple[Hashab
                 fix=f"a prefill is ({q_len}, {q_len}); a step after c cached tokens is ({q_len}, c + {q_len})",
             )
         if any(rid == seen for seen, _, _ in out):
-            raise InvalidArgumentError("a request appears twice in one step", argument=where, found=repr(rid))
+            raise InvalidArgumentError(
+                "a request appears twice in one step",
+                argument=where,
+                expected="each request id once per step",
+                found=repr(rid),
+                fix=f"merge the two entries of request {rid!r} into one (q_len = their new tokens together)",
+            )
         out.append((rid, q_len, kv_len))
     return out
 

@@ -139,7 +139,11 @@ def tiny_config(
     """
     if family not in FAMILIES:
         raise InvalidArgumentError(
-            "unknown model family", argument="family", expected=f"one of {sorted(FAMILIES)}", found=repr(family)
+            "unknown model family",
+            argument="family",
+            expected=f"one of {sorted(FAMILIES)}",
+            found=repr(family),
+            fix=f"pass family= as one of {sorted(FAMILIES)}",
         )
     a = api(row)
     ov: dict[str, Any] = {**TINY, **FAMILIES[family], "scan_layers": scan_layers, "attention": attention}

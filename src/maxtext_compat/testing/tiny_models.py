@@ -51,6 +51,8 @@ class TinySpec:
                 argument="tiny_maxtext_model",
                 expected=SPEC_HELP,
                 found=repr(param),
+                fix="parametrize tiny_maxtext_model with a family name such as 'qwen3' or a dict such as "
+                "{'family': 'qwen3', 'tp': 2}",
             )
         given.update(kw)
         known = {f.name for f in fields(cls)} - {"overrides"}
@@ -64,6 +66,7 @@ class TinySpec:
                 argument="family",
                 expected=f"one of {sorted(tiny.FAMILIES)}",
                 found=repr(spec.family),
+                fix=f"use family= one of {sorted(tiny.FAMILIES)}",
             )
         return spec
 
