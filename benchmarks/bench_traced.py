@@ -31,8 +31,7 @@ Counter = Callable[[Any], Any]  # module (native or adapted) -> hlo.HloOpCount
 
 
 def _linen_call(module: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a Linen layer as MaxText's Decoder does (`layer(...)`). `apply()` without `method` would call
-    `__call__.__func__`, which bypasses a class patch (the shim) on flax's Linen modules."""
+    """Call a Linen layer as MaxText's Decoder does (`layer(...)`), the path every MaxText-internal call takes."""
     return module(*args, **kwargs)
 
 

@@ -232,3 +232,26 @@ def test_scan_carry_fix_for_the_linen_releases(scanned):
     else:
         y, kv = call(jnp.ones((2,)), None, None, True, "autoregressive", kv_cache=jnp.zeros(4))
         np.testing.assert_array_equal(np.asarray(kv), np.ones(4))
+
+
+@pytest.mark.envs("maxtext-0.1.0-jax011")
+def test_linen_apply_of_a_patched_layer_takes_the_new_call(kernel_shim):
+    """Flax's apply() unbinds `__call__` through `__func__`: the patch must stay on that path."""
+    cfg = tiny.tiny_config("default")
+    mesh = tiny.tiny_mesh(cfg)
+    layer_cls = ROW.decoder_layers["llama2"].load()
+    kvs, _, pos, md = _step(cfg, 1)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((40, 1, cfg.emb_dim)).astype(np.float32))
+    shims.install("vllm-backport")
+    layer = layer_cls(config=cfg, mesh=mesh, name="layers_0", quant=None, model_mode="train")
+    key = jax.random.PRNGKey(0)
+    with tiny.mesh_context(cfg, mesh):
+        variables = jax.jit(lambda k: layer.init({"params": k, "dropout": k, "aqt": k}, x, None, pos, True, "train"))(
+            key
+        )
+        old = jax.jit(lambda v: layer.apply(v, x, None, pos, True, "train"))(variables)
+        y, kv = jax.jit(
+            lambda v, c, m: layer.apply(v, x, None, pos, True, "autoregressive", kv_cache=c, attention_metadata=m)
+        )(variables, kvs[0], md.to_attention_metadata())
+    assert isinstance(old, jax.Array) and y.shape == old.shape
+    assert float(jnp.abs(kv).sum()) > 0  # the paged cache was written through Linen's apply path

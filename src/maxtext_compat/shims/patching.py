@@ -679,8 +679,52 @@ def _check_conflicts(planned: list[tuple[PatchSpec, Original]]) -> None:
             )
 
 
+class _ShimBoundWrapper(wrapt.BoundFunctionWrapper):
+    """Bound form of our wrapper whose `__func__` is the patched function, not the original.
+
+    Why: Flax Linen's `Module.apply()` (and `init`) unbinds `module.__call__` through `__func__`
+    and calls the result with the module; wrapt's default `__func__` proxies to the original's,
+    which would silently bypass the patch on exactly the path Linen users take.
+    """
+
+    @property
+    def __func__(self) -> Any:
+        return self._self_parent
+
+
 class _ShimWrapper(wrapt.FunctionWrapper):
     """Our FunctionWrapper type, so tracebacks and `repr` say who wrapped the target."""
+
+    __bound_function_wrapper__ = _ShimBoundWrapper
+
+
+try:  # wrapt >= 2.2: a signature override whose bound form keeps the patch on Linen's unbind path too
+    from wrapt.signature import (
+        _BoundSignatureFunctionWrapper,
+        _NO_DOC_OVERRIDE,
+        _SignatureFunctionSurrogate,
+        _SignatureFunctionWrapper,
+    )
+
+    class _ShimBoundSignatureWrapper(_BoundSignatureFunctionWrapper):
+        @property
+        def __func__(self) -> Any:
+            parent = self._self_parent
+            return _SignatureFunctionSurrogate(parent, parent._self_signature)
+
+    class _ShimSignatureWrapper(_SignatureFunctionWrapper):
+        __bound_function_wrapper__ = _ShimBoundSignatureWrapper
+
+    def _with_signature(shim: Any, sig: inspect.Signature) -> Any:
+        def passthrough(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            return wrapped(*args, **kwargs)
+
+        return _ShimSignatureWrapper(shim, passthrough, sig, _NO_DOC_OVERRIDE)
+
+except ImportError:  # pragma: no cover - a wrapt without the private classes: plain with_signature
+
+    def _with_signature(shim: Any, sig: inspect.Signature) -> Any:
+        return wrapt.with_signature(shim, signature=sig)
 
 
 # (id(spec), id(raw original), profile) -> (spec, raw, shim, wrapper). Why: re-installing the same
@@ -721,7 +765,7 @@ def _wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, A
     shim = _ShimWrapper(original.raw, wrapper_fn)
     wrapper: Any = shim
     if spec.signature is not None:
-        wrapper = wrapt.with_signature(shim, signature=_signature(spec, original))
+        wrapper = _with_signature(shim, _signature(spec, original))
     if len(_BUILT) >= _BUILT_MAX:
         _BUILT.clear()
     _BUILT[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper)
