@@ -700,8 +700,8 @@ class _ShimWrapper(wrapt.FunctionWrapper):
 
 try:  # wrapt >= 2.2: a signature override whose bound form keeps the patch on Linen's unbind path too
     from wrapt.signature import (
-        _BoundSignatureFunctionWrapper,
         _NO_DOC_OVERRIDE,
+        _BoundSignatureFunctionWrapper,
         _SignatureFunctionSurrogate,
         _SignatureFunctionWrapper,
     )
