@@ -30,6 +30,9 @@ from packaging.version import Version
 from maxtext_compat.errors import MatrixError
 from maxtext_compat.matrix import CONVENTIONS, POLICIES, RETURN_SHAPES, CompatMatrix, parse_matrix
 
+# Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
+pytestmark = pytest.mark.envs("unit")
+
 EXAMPLES = int(os.environ.get("MAXTEXT_COMPAT_FUZZ_EXAMPLES", "10000"))
 PATH = "fuzz/compat_matrix.yaml"
 PWNED = Path("/tmp/maxtext-compat-fuzz-pwned")

@@ -34,6 +34,9 @@ from maxtext_compat.matrix import ClassRef, MaxTextRow, load_matrix
 from maxtext_compat.shims import maxtext_profiles, patching, profiles, registry
 from maxtext_compat.shims.patching import PatchSpec
 
+# Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
+pytestmark = pytest.mark.envs("unit")
+
 CYCLES = int(os.environ.get("MAXTEXT_COMPAT_RELIABILITY_CYCLES", "10000"))
 CALLERS = 8
 YIELD_EVERY = 8
