@@ -34,6 +34,7 @@ LEGACY_ENVS = ("maxtext-0.1.0", "maxtext-0.1.0-jax011")
 @pytest.fixture(autouse=True)
 def clean():
     shims.uninstall()
+    maxtext_profiles.register()  # the unit tests may have cleared the default chooser
     yield
     shims.uninstall()
 

@@ -79,13 +79,18 @@ __all__ = [
 ]
 
 
+_BUILTINS_REGISTERED = False
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if module == "profiles":
-        # MaxText's own profiles (vllm-backport, known-defects) and the matrix-driven default choice
+    if module == "profiles" and not _BUILTINS_REGISTERED:
+        # MaxText's own profiles (vllm-backport, known-defects) and the matrix-driven default choice,
+        # once per process (a user who clears the chooser later keeps it cleared)
         importlib.import_module(f"{__name__}.maxtext_profiles").register()
+        globals()["_BUILTINS_REGISTERED"] = True
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

@@ -21,7 +21,6 @@ BACKPORT = "vllm-backport"
 DEFECTS = "known-defects"
 TRAIN = "train"
 _registered = threading.Lock()
-_done: list[bool] = [False]
 
 
 def _row() -> MaxTextRow:
@@ -245,16 +244,18 @@ def choose(resolution: Any) -> str | None:
 
 
 def register() -> None:
-    """Register both profiles and the default chooser (idempotent; imports nothing heavy)."""
+    """Register both profiles and, when none is set, the matrix-driven default chooser (idempotent, light).
+
+    Safe to call again after a user or a test unregistered a profile or cleared the chooser: what is
+    missing is put back, what is there is left alone.
+    """
     from maxtext_compat.shims import profiles
 
     with _registered:
-        if _done[0] and {BACKPORT, DEFECTS} <= set(profiles._PROFILES):
-            return  # registered (a test or a user may have unregistered them since: then register again)
-        profiles.register_profile(BACKPORT, lambda: backport_specs(_row()), description=__doc__.splitlines()[0],
-                                  replace=True)  # fmt: skip
-        profiles.register_profile(DEFECTS, lambda: defect_specs(_row()), description="fixes listed in the matrix row",
-                                  replace=True)  # fmt: skip
+        if not {BACKPORT, DEFECTS} <= set(profiles._PROFILES):
+            profiles.register_profile(BACKPORT, lambda: backport_specs(_row()), description=__doc__.splitlines()[0],
+                                      replace=True)  # fmt: skip
+            profiles.register_profile(DEFECTS, lambda: defect_specs(_row()),
+                                      description="fixes listed in the matrix row", replace=True)  # fmt: skip
         if not profiles.has_default_profile_chooser():
             profiles.set_default_profile_chooser(choose)
-        _done[0] = True
