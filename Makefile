@@ -9,6 +9,13 @@ MC := $(DEV)/bin/maxtext-compat
 
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 
+# Registries behind a TLS-inspecting proxy: let uv (and the builds it runs) trust the system store.
+export UV_SYSTEM_CERTS ?= 1
+ifneq ($(wildcard /etc/ssl/certs/ca-certificates.crt),)
+export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
+export REQUESTS_CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+endif
+
 .PHONY: help setup envs demo test unit lint bench clean
 
 help:
