@@ -9,6 +9,8 @@ deselected in the `unit` environment.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 # Virtual CPU devices for tensor-parallel tests; must be set before jax is imported.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -18,6 +20,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import pytest
 
 from maxtext_compat.probes import detect_import_root
+
+# tests/helpers (fakes shared by several test files) is imported as `helpers`, under any import mode.
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
 
 ENV_NAME = os.environ.get("MAXTEXT_COMPAT_ENV", "")
 HAS_MAXTEXT = detect_import_root() is not None

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 
 pytestmark = pytest.mark.needs_maxtext
 
+from helpers.callers import CallerThreads  # noqa: E402
 from maxtext_compat import resolve, shims  # noqa: E402
 from maxtext_compat.adapters.signature import native_signature  # noqa: E402
 from maxtext_compat.adapters.wrapper import adapted_class  # noqa: E402
@@ -165,41 +165,23 @@ def call_sites(name: str, targets: list[str]) -> list[Site]:
     return sites  # fmt: skip
 
 
-class Callers:
+class Callers(CallerThreads):
     def __init__(self, name: str, targets: list[str]) -> None:
-        self.stop = threading.Event()
-        self.failures: list[str] = []
+        super().__init__(CALLERS, YIELD_EVERY)
+        self.name, self.targets = name, targets
         self.seen: set[tuple[str, str]] = set()
-        self.calls = [0] * CALLERS
-        self.started = threading.Barrier(CALLERS + 1)
-        self.threads = [threading.Thread(target=self._run, args=(i, name, targets)) for i in range(CALLERS)]
 
-    def _run(self, i: int, name: str, targets: list[str]) -> None:
-        sites = call_sites(name, targets)
+    def prepare(self, i: int) -> list[Site]:
+        sites = call_sites(self.name, self.targets)
         self.expected = {site: states for site, _, states in sites}
-        self.started.wait()
-        n = 0
-        while not self.stop.is_set():
-            site, call, _ = sites[n % len(sites)]
-            try:
-                self.seen.add((site, call()))
-            except BaseException as exc:
-                self.failures.append(f"{site}: {type(exc).__name__}: {exc}")
-            n += 1
-            if n % YIELD_EVERY == 0:
-                time.sleep(0)
-        self.calls[i] = n
+        return sites
 
-    def __enter__(self) -> Callers:
-        for t in self.threads:
-            t.start()
-        self.started.wait()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+    def step(self, i: int, n: int, sites: list[Site]) -> None:
+        site, call, _ = sites[n % len(sites)]
+        try:
+            self.seen.add((site, call()))
+        except BaseException as exc:
+            self.failures.append(f"{site}: {type(exc).__name__}: {exc}")
 
 
 @pytest.fixture

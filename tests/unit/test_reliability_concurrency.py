@@ -18,7 +18,6 @@ import itertools
 import os
 import sys
 import textwrap
-import threading
 import time
 import types
 import uuid
@@ -28,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from helpers.callers import CallerThreads
+from helpers.fake_modules import FakePackage, make_module
 from maxtext_compat import shims
 from maxtext_compat.adapters.wrapper import adapted_class
 from maxtext_compat.matrix import ClassRef, MaxTextRow, load_matrix
@@ -90,11 +91,11 @@ def validate_attention_kernel(s):
 """
 
 
-class FakeRelease:
+class FakeRelease(FakePackage):
     """Fake modules for every class the 0.2.5 row's shims touch, and the row pointed at them."""
 
     def __init__(self) -> None:
-        self.pkg = f"fakerel_{uuid.uuid4().hex[:8]}"
+        super().__init__("fakerel")
         refs = {
             "attention": ROW.classes["attention"],
             "attention_op": ROW.classes["attention_op"],
@@ -112,18 +113,21 @@ class FakeRelease:
                 src = LAYER_SOURCE.format(name=ref.qualname, params=LAYER_PARAMS, drops=drops)
             sources.setdefault(self._name(ref.module), [CONFIG_SOURCE]).append(src)
         sources[self._name(ROW.config.pyconfig)] = [PYCONFIG_SOURCE]
-        self.modules = {name: self._module(name, "".join(src)) for name, src in sources.items()}
+        self.modules = {name: make_module(name, "".join(src)) for name, src in sources.items()}
         pyconfig = self.modules[self._name(ROW.config.pyconfig)]
-        self.user = self._module(f"{self.pkg}.user", f"from {pyconfig.__name__} import validate_attention_kernel\n")
+        self.user = make_module(f"{self.pkg}.user", f"from {pyconfig.__name__} import validate_attention_kernel\n")
         self.row = dataclasses.replace(
             ROW,
             classes={k: None if r is None else self._ref(r) for k, r in ROW.classes.items()},
             decoder_layers={fam: self._ref(r) for fam, r in ROW.decoder_layers.items()},
             config=dataclasses.replace(ROW.config, pyconfig=self._name(ROW.config.pyconfig)),
         )
-        self.owners: list[Any] = [*self.modules.values(), self.user]
-        self.owners += [v for m in self.modules.values() for v in vars(m).values() if isinstance(v, type)]
-        self.snapshot = [dict(vars(o)) for o in self.owners]
+        self._owners: list[Any] = [*self.modules.values(), self.user]
+        self._owners += [v for m in self.modules.values() for v in vars(m).values() if isinstance(v, type)]
+        self.snapshot = self.take_snapshot()
+
+    def owners(self) -> list[Any]:
+        return self._owners
 
     def _name(self, module: str) -> str:
         return f"{self.pkg}.{module}"
@@ -131,26 +135,10 @@ class FakeRelease:
     def _ref(self, ref: ClassRef) -> ClassRef:
         return ClassRef(self._name(ref.module), ref.qualname)
 
-    def _module(self, name: str, source: str) -> types.ModuleType:
-        mod = types.ModuleType(name)
-        sys.modules[name] = mod
-        exec(textwrap.dedent(source), mod.__dict__)
-        return mod
-
     def cls(self, key: str) -> type:
         ref = self.row.decoder_layers[key.split(".", 1)[1]] if key.startswith("layer.") else self.row.classes[key]
         assert ref is not None
         return getattr(self.modules[ref.module], ref.qualname)
-
-    def assert_pristine(self) -> None:
-        for before, owner in zip(self.snapshot, self.owners, strict=True):
-            now = dict(vars(owner))
-            assert now.keys() == before.keys(), owner
-            assert all(now[k] is v for k, v in before.items()), owner
-
-    def cleanup(self) -> None:
-        for name in [n for n in sys.modules if n.startswith(self.pkg)]:
-            del sys.modules[name]
 
 
 def specs(fake: FakeRelease, seen: Iterator[int]) -> list[PatchSpec]:
@@ -211,48 +199,28 @@ def call_sites(fake: FakeRelease) -> list[Site]:
     ]  # fmt: skip
 
 
-class Callers:
+class Callers(CallerThreads):
     """CALLERS threads cycling through every call site; a failure is an exception or an unexpected result."""
 
     def __init__(self, fake: FakeRelease) -> None:
-        self.stop = threading.Event()
-        self.failures: list[str] = []
-        self.calls = [0] * CALLERS
+        super().__init__(CALLERS, YIELD_EVERY)
+        self.fake = fake
         self.outcomes: list[set[tuple[str, str]]] = [set() for _ in range(CALLERS)]
-        self.started = threading.Barrier(CALLERS + 1)
-        self.threads = [threading.Thread(target=self._run, args=(i, fake)) for i in range(CALLERS)]
 
-    def _run(self, i: int, fake: FakeRelease) -> None:
-        sites = call_sites(fake)
-        seen = self.outcomes[i]
-        self.started.wait()
-        n = 0
-        while not self.stop.is_set():
-            name, call, valid = sites[n % len(sites)]
-            try:
-                out = call()
-                kind = valid.get(out)
-                if kind is None:
-                    self.failures.append(f"{name} -> {out!r}")
-                else:
-                    seen.add((name, kind))
-            except BaseException as exc:
-                self.failures.append(f"{name} raised {type(exc).__name__}: {exc}")
-            n += 1
-            if n % YIELD_EVERY == 0:
-                time.sleep(0)
-        self.calls[i] = n
+    def prepare(self, i: int) -> list[Site]:
+        return call_sites(self.fake)
 
-    def __enter__(self) -> Callers:
-        for t in self.threads:
-            t.start()
-        self.started.wait()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+    def step(self, i: int, n: int, sites: list[Site]) -> None:
+        name, call, valid = sites[n % len(sites)]
+        try:
+            out = call()
+            kind = valid.get(out)
+            if kind is None:
+                self.failures.append(f"{name} -> {out!r}")
+            else:
+                self.outcomes[i].add((name, kind))
+        except BaseException as exc:
+            self.failures.append(f"{name} raised {type(exc).__name__}: {exc}")
 
 
 @pytest.fixture

@@ -346,13 +346,13 @@ def test_target_already_wrapped_by_a_foreign_wrapper(make, release, position):
 @pytest.mark.parametrize("release", list(PROFILES_BY_RELEASE))
 def test_every_write_of_the_install_can_fail_and_is_rolled_back(make, release, mocker):
     fake = make(release)
-    spy = mocker.patch.object(patching, "_write", side_effect=patching._write)
+    spy = mocker.patch.object(patching.writes, "_write", side_effect=patching.writes._write)
     fake.install()
     writes = spy.call_count
     mocker.stopall()
     shims.uninstall(PROFILE)
     assert writes >= len(fake.specs) + 1  # targets, aliases, markers
-    real = patching._write
+    real = patching.writes._write
     for at in range(writes):
         calls = {"n": 0}
 
@@ -362,7 +362,7 @@ def test_every_write_of_the_install_can_fail_and_is_rolled_back(make, release, m
                 raise TypeError("read-only")
             real(obj, name, value)
 
-        mocker.patch.object(patching, "_write", side_effect=write)
+        mocker.patch.object(patching.writes, "_write", side_effect=write)
         with pytest.raises(PatchTargetError, match=f"the {at} earlier change"):
             fake.install()
         mocker.stopall()

@@ -4,42 +4,21 @@ or nothing — nothing patched, registry empty, aliases untouched, no marker —
 from __future__ import annotations
 
 import sys
-import textwrap
-import types
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import wrapt
 
+from helpers.fake_layers import LAYERS_SOURCE, tagger
+from helpers.fake_modules import FakePackage, make_module
 from maxtext_compat import shims
 from maxtext_compat.errors import PatchConflictError, PatchError, PatchTargetError
 from maxtext_compat.shims import patching, profiles, registry
 from maxtext_compat.shims.patching import MARKER, PatchSpec, add_keyword_params
 
-SOURCE = """
-class Base:
-    def inherited(self, x):
-        return ("inherited", x)
-
-
-class Attention(Base):
-    def __call__(self, x):
-        return ("call", x)
-
-    @staticmethod
-    def s(x):
-        return ("s", x)
-
-    @classmethod
-    def c(cls, x):
-        return ("c", x)
-
-
-def f(x):
-    return ("f", x)
-
+# Classes that refuse to be read or written, next to the shared fake layers.
+HOSTILE_SOURCE = """
 
 class HostileMeta(type):
     @property
@@ -61,32 +40,21 @@ class ReadOnly(metaclass=ReadOnlyMeta):
     def m(self):
         return "m"
 """
+SOURCE = LAYERS_SOURCE + HOSTILE_SOURCE
 
 # The profile under test: one target of every kind, in install order.
 POSITIONS = ["Attention.__call__", "Attention.s", "Attention.c", "Attention.inherited", "f"]
 
 
-class Fake:
+class Fake(FakePackage):
     def __init__(self) -> None:
-        self.pkg = f"fakeflt_{uuid.uuid4().hex[:8]}"
-        self.layers = self._module(f"{self.pkg}.layers", SOURCE)
-        self.user = self._module(f"{self.pkg}.user", f"from {self.pkg}.layers import f\nalias = f\n")
-        self.snapshot = self.take()
-
-    def _module(self, name: str, source: str) -> types.ModuleType:
-        mod = types.ModuleType(name)
-        sys.modules[name] = mod
-        exec(textwrap.dedent(source), mod.__dict__)
-        return mod
+        super().__init__("fakeflt")
+        self.layers = make_module(f"{self.pkg}.layers", SOURCE)
+        self.user = make_module(f"{self.pkg}.user", f"from {self.pkg}.layers import f\nalias = f\n")
+        self.snapshot = self.take_snapshot()
 
     def owners(self) -> list[object]:
         return [self.layers, self.user, self.layers.Attention, self.layers.Base]
-
-    def take(self) -> list[dict[str, object]]:
-        return [dict(vars(o)) for o in self.owners()]
-
-    def target(self, path: str) -> str:
-        return f"{self.pkg}.layers:{path}"
 
     def specs(self, tag: str = "A") -> list[PatchSpec]:
         return [
@@ -95,10 +63,7 @@ class Fake:
         ]
 
     def assert_nothing_patched(self) -> None:
-        for before, owner in zip(self.snapshot, self.owners(), strict=True):
-            now = dict(vars(owner))
-            assert now.keys() == before.keys(), owner
-            assert all(now[k] is before[k] for k in before), owner
+        self.assert_pristine()
         assert MARKER not in vars(self.layers) and MARKER not in vars(self.layers.Attention)
         assert registry.active_patches() == [] and patching._OURS == {}
         assert not shims.installed()
@@ -112,21 +77,6 @@ class Fake:
         assert a.inherited(1) == ("inherited", 1, "A") and self.user.f(1) == ("f", 1, "A")
         assert self.user.alias is self.layers.f
         assert len(registry.active_patches()) == len(POSITIONS) and shims.verify() == {"p": []}
-
-    def cleanup(self) -> None:
-        for name in [n for n in sys.modules if n.startswith(self.pkg)]:
-            del sys.modules[name]
-
-
-def tagger(tag: str):
-    def factory(original):
-        def wrapper(wrapped, instance, args, kwargs):
-            kwargs.pop("kv_cache", None)
-            return (*wrapped(*args, **kwargs), tag)
-
-        return wrapper
-
-    return factory
 
 
 @pytest.fixture
@@ -161,7 +111,7 @@ def test_missing_target_at_any_position(fake: Fake, position: int):
 
 @pytest.mark.parametrize("position", range(len(POSITIONS)))
 def test_module_vanishing_between_import_and_swap(fake: Fake, position: int, mocker):
-    extra = fake._module(f"{fake.pkg}.extra", "def g(x):\n    return ('g', x)\n")
+    extra = make_module(f"{fake.pkg}.extra", "def g(x):\n    return ('g', x)\n")
     specs = fake.specs()
     specs[position] = PatchSpec(f"{extra.__name__}:g", tagger("A"))
     real_import = patching.import_modules
@@ -208,7 +158,7 @@ def test_target_already_wrapped_at_any_position(fake: Fake, position: int):
         return wrapped(*args, **kwargs)
 
     wrapt.wrap_function_wrapper(owner, attr, theirs)
-    fake.snapshot = fake.take()  # their wrapper is the state to preserve
+    fake.snapshot = fake.take_snapshot()  # their wrapper is the state to preserve
     with pytest.raises(PatchConflictError) as err:
         install_with(fake, fake.specs())
     assert err.value.argument == fake.target(POSITIONS[position])
@@ -242,8 +192,8 @@ def test_broken_spec_at_any_position(fake: Fake, position: int, fault: str):
 
 
 def count_writes(fake: Fake, mocker, action) -> int:
-    real = patching._write
-    spy = mocker.patch.object(patching, "_write", side_effect=real)
+    real = patching.writes._write
+    spy = mocker.patch.object(patching.writes, "_write", side_effect=real)
     action()
     n = spy.call_count
     mocker.stopall()
@@ -251,7 +201,7 @@ def count_writes(fake: Fake, mocker, action) -> int:
 
 
 def failing_write(at: int, exc: BaseException):
-    real = patching._write
+    real = patching.writes._write
     calls = {"n": 0}
 
     def write(obj, name, value):
@@ -268,7 +218,7 @@ def test_every_install_write_can_fail_and_is_rolled_back(fake: Fake, mocker):
     shims.uninstall()
     assert n == len(POSITIONS) + 2 + 2  # 5 targets, 2 aliases, 2 markers
     for at in range(n):
-        mocker.patch.object(patching, "_write", side_effect=failing_write(at, TypeError("read-only")))
+        mocker.patch.object(patching.writes, "_write", side_effect=failing_write(at, TypeError("read-only")))
         with pytest.raises(PatchTargetError) as err:
             install_with(fake, fake.specs())
         assert f"the {at} earlier change(s) were rolled back" in str(err.value)
@@ -283,7 +233,7 @@ def test_every_uninstall_write_can_fail_and_leaves_it_installed(fake: Fake, mock
     n = count_writes(fake, mocker, shims.uninstall)
     for at in range(n):
         install_with(fake, fake.specs())
-        mocker.patch.object(patching, "_write", side_effect=failing_write(at, TypeError("read-only")))
+        mocker.patch.object(patching.writes, "_write", side_effect=failing_write(at, TypeError("read-only")))
         with pytest.raises(PatchTargetError):
             shims.uninstall()
         mocker.stopall()
@@ -293,7 +243,7 @@ def test_every_uninstall_write_can_fail_and_leaves_it_installed(fake: Fake, mock
 
 
 def test_interrupt_during_install_is_rolled_back_and_reraised(fake: Fake, mocker):
-    mocker.patch.object(patching, "_write", side_effect=failing_write(3, KeyboardInterrupt()))
+    mocker.patch.object(patching.writes, "_write", side_effect=failing_write(3, KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         install_with(fake, fake.specs())
     mocker.stopall()
@@ -301,7 +251,7 @@ def test_interrupt_during_install_is_rolled_back_and_reraised(fake: Fake, mocker
 
 
 def test_failed_rollback_says_the_process_is_inconsistent(fake: Fake, mocker):
-    real = patching._write
+    real = patching.writes._write
     calls = {"n": 0}
 
     def write(obj, name, value):
@@ -310,7 +260,7 @@ def test_failed_rollback_says_the_process_is_inconsistent(fake: Fake, mocker):
             raise TypeError("frozen")
         real(obj, name, value)
 
-    mocker.patch.object(patching, "_write", side_effect=write)
+    mocker.patch.object(patching.writes, "_write", side_effect=write)
     with pytest.raises(PatchError, match="rolling back failed too") as err:
         install_with(fake, fake.specs())
     assert "restart the process" in str(err.value)

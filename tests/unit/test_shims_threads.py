@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import os
 import random
-import sys
-import textwrap
 import threading
 import time
-import types
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from helpers.callers import CallerThreads
+from helpers.fake_layers import LAYERS_SOURCE, tagger
+from helpers.fake_modules import FakePackage, make_module
 from maxtext_compat import shims
 from maxtext_compat.shims import patching, profiles, registry
 from maxtext_compat.shims.patching import PatchSpec, add_keyword_params
@@ -29,51 +28,16 @@ CYCLES = int(os.environ.get("MAXTEXT_COMPAT_SHIM_CYCLES", "1000"))
 CALLERS = 8
 YIELD_EVERY = int(os.environ.get("MAXTEXT_COMPAT_SHIM_YIELD_EVERY", "20"))
 
-SOURCE = """
-class Base:
-    def inherited(self, x):
-        return ("inherited", x)
 
-
-class Attention(Base):
-    def __call__(self, x, *, decoder_segment_ids=None):
-        return ("call", x)
-
-    @staticmethod
-    def s(x):
-        return ("s", x)
-
-    @classmethod
-    def c(cls, x):
-        return ("c", x)
-
-
-def f(x):
-    return ("f", x)
-"""
-
-
-class Fake:
+class Fake(FakePackage):
     def __init__(self) -> None:
-        self.pkg = f"fakethr_{uuid.uuid4().hex[:8]}"
-        self.layers = self._module(f"{self.pkg}.layers", SOURCE)
-        self.user = self._module(f"{self.pkg}.user", f"from {self.pkg}.layers import f\n")
-        self.owners = [self.layers, self.user, self.layers.Attention, self.layers.Base]
-        self.snapshot = [dict(vars(o)) for o in self.owners]
+        super().__init__("fakethr")
+        self.layers = make_module(f"{self.pkg}.layers", LAYERS_SOURCE)
+        self.user = make_module(f"{self.pkg}.user", f"from {self.pkg}.layers import f\n")
+        self.snapshot = self.take_snapshot()
 
-    def _module(self, name: str, source: str) -> types.ModuleType:
-        mod = types.ModuleType(name)
-        sys.modules[name] = mod
-        exec(textwrap.dedent(source), mod.__dict__)
-        return mod
-
-    def target(self, path: str) -> str:
-        return f"{self.pkg}.layers:{path}"
-
-    def assert_pristine(self) -> None:
-        for before, owner in zip(self.snapshot, self.owners, strict=True):
-            now = dict(vars(owner))
-            assert now.keys() == before.keys() and all(now[k] is before[k] for k in before), owner
+    def owners(self) -> list[object]:
+        return [self.layers, self.user, self.layers.Attention, self.layers.Base]
 
     def call_sites(self) -> list[tuple[str, Callable[[int], tuple]]]:
         """Every way a caller reaches a patched target (looked up afresh on each call)."""
@@ -88,30 +52,15 @@ class Fake:
             ("f", lambda x: user.f(x)),  # the alias imported by name
         ]
 
-    def cleanup(self) -> None:
-        for name in [n for n in sys.modules if n.startswith(self.pkg)]:
-            del sys.modules[name]
-
-
-def tag_factory(tag: str):
-    def factory(original):
-        def wrapper(wrapped, instance, args, kwargs):
-            kwargs.pop("kv_cache", None)
-            return (*wrapped(*args, **kwargs), tag)
-
-        return wrapper
-
-    return factory
-
 
 def specs(fake: Fake, tag: str) -> list[PatchSpec]:
     sig = add_keyword_params("kv_cache", "attention_metadata")
     return [
-        PatchSpec(fake.target("Attention.__call__"), tag_factory(tag), signature=sig),
-        PatchSpec(fake.target("Attention.s"), tag_factory(tag)),
-        PatchSpec(fake.target("Attention.c"), tag_factory(tag)),
-        PatchSpec(fake.target("Attention.inherited"), tag_factory(tag)),
-        PatchSpec(fake.target("f"), tag_factory(tag), signature=add_keyword_params("kv_cache")),
+        PatchSpec(fake.target("Attention.__call__"), tagger(tag), signature=sig),
+        PatchSpec(fake.target("Attention.s"), tagger(tag)),
+        PatchSpec(fake.target("Attention.c"), tagger(tag)),
+        PatchSpec(fake.target("Attention.inherited"), tagger(tag)),
+        PatchSpec(fake.target("f"), tagger(tag), signature=add_keyword_params("kv_cache")),
     ]
 
 
@@ -127,50 +76,32 @@ def fake() -> Iterator[Fake]:
     fk.cleanup()
 
 
-class Callers:
+class Callers(CallerThreads):
     """CALLERS threads calling every call site in a loop; a failure is an exception or a bad result."""
 
     def __init__(self, fake: Fake, valid: Callable[[str, int, tuple], bool]) -> None:
-        self.stop = threading.Event()
-        self.failures: list[str] = []
-        self.calls = [0] * CALLERS
+        super().__init__(CALLERS, YIELD_EVERY)
+        self.fake, self.valid = fake, valid
         self.transitions = [0] * CALLERS  # patched <-> original changes a caller saw
+        self.last = [2] * CALLERS  # the result length thread i saw last
         self.shapes: set[int] = set()
-        self.started = threading.Barrier(CALLERS + 1)
-        self.threads = [threading.Thread(target=self._run, args=(i, fake, valid)) for i in range(CALLERS)]
 
-    def _run(self, i: int, fake: Fake, valid: Callable[[str, int, tuple], bool]) -> None:
-        sites = fake.call_sites()
-        self.started.wait()
-        n, last = 0, 2
-        while not self.stop.is_set():
-            name, call = sites[n % len(sites)]
-            out: tuple = ()
-            try:
-                out = call(n)
-                self.shapes.add(len(out))
-                if not valid(name, n, out):
-                    self.failures.append(f"{name}({n}) -> {out!r}")
-            except BaseException as exc:
-                self.failures.append(f"{name}({n}) raised {type(exc).__name__}: {exc}")
-            n += 1
-            if YIELD_EVERY and n % YIELD_EVERY == 0:
-                time.sleep(0)
-            if len(out) != last:
-                self.transitions[i] += 1
-                last = len(out)
-        self.calls[i] = n
+    def prepare(self, i: int) -> list[tuple[str, Callable[[int], tuple]]]:
+        return self.fake.call_sites()
 
-    def __enter__(self) -> Callers:
-        for t in self.threads:
-            t.start()
-        self.started.wait()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+    def step(self, i: int, n: int, sites: list[tuple[str, Callable[[int], tuple]]]) -> None:
+        name, call = sites[n % len(sites)]
+        out: tuple = ()
+        try:
+            out = call(n)
+            self.shapes.add(len(out))
+            if not self.valid(name, n, out):
+                self.failures.append(f"{name}({n}) -> {out!r}")
+        except BaseException as exc:
+            self.failures.append(f"{name}({n}) raised {type(exc).__name__}: {exc}")
+        if len(out) != self.last[i]:
+            self.transitions[i] += 1
+            self.last[i] = len(out)
 
 
 def test_callers_never_fail_during_install_uninstall_cycles(fake: Fake, record_property):
@@ -202,7 +133,7 @@ def test_callers_run_between_every_single_write(fake: Fake, mocker):
     """The installer yields after each slot write, so callers run in every intermediate state of
     install and uninstall (primary swapped but not its alias, marker not yet written, ...)."""
     shims.register_profile("thr-a", lambda: specs(fake, "T"))
-    real_write = patching._write
+    real_write = patching.writes._write
     writes = [0]
 
     def write_then_yield(obj, name, value):
@@ -210,7 +141,7 @@ def test_callers_run_between_every_single_write(fake: Fake, mocker):
         writes[0] += 1
         time.sleep(0.0001)
 
-    mocker.patch.object(patching, "_write", side_effect=write_then_yield)
+    mocker.patch.object(patching.writes, "_write", side_effect=write_then_yield)
 
     def valid(name: str, x: int, out: tuple) -> bool:
         return out in ((name, x), (name, x, "T"))

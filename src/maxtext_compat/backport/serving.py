@@ -26,7 +26,8 @@ from typing import Any
 
 from maxtext_compat.backport import serving_mesh, serving_params
 from maxtext_compat.errors import ServingConfigError, ServingError
-from maxtext_compat.serving.backend import ServingBackend, StepOutput
+from maxtext_compat.serving.backend import StepOutput
+from maxtext_compat.serving.nnx_backend import NNXTransformerBackend
 
 PROFILE = "vllm-backport"
 VLLM_ATTENTION = "vllm_rpa"
@@ -44,7 +45,7 @@ SERVING_DEFAULTS: dict[str, Any] = {
 }
 
 
-class BackportServingBackend(ServingBackend):
+class BackportServingBackend(NNXTransformerBackend):
     name = "backport"
 
     # ---------------------------------------------------------------- helpers
@@ -116,24 +117,15 @@ class BackportServingBackend(ServingBackend):
     # ---------------------------------------------------------------- config
 
     def load_config(self, overrides: dict[str, Any]) -> Any:
-        from maxtext_compat.probes import package_dir
-        from maxtext_compat.serving.native import keep_xla_flags
         from maxtext_compat.shims.cpu_serving import cpu_only
 
         self.prepare()  # pyconfig accepts attention="vllm_rpa" only with the shim installed
-        root = package_dir(self.row.import_root)
-        if root is None:
-            raise ServingError(
-                f"package {self.row.import_root!r} is not importable", fix="install MaxText in the serving environment"
-            )
         values = {**SERVING_DEFAULTS, **overrides}
         # 0.1.0's pyconfig asserts enable_checkpointing whenever a checkpoint is to be loaded.
         values.setdefault("enable_checkpointing", bool(values.get("load_parameters_path")))
         if cpu_only():
             values.setdefault("hardware", "cpu")
-        pyconfig = importlib.import_module(self.row.config.pyconfig)
-        with keep_xla_flags():
-            cfg = pyconfig.initialize(["maxtext_compat", str(root / self.row.config.base_yml)], **values)
+        cfg = self._initialize_config(self.row.config.base_yml, values)
         if cfg.attention != VLLM_ATTENTION:
             raise ServingConfigError(
                 "the served MaxText config must use the backported vLLM attention",
@@ -180,13 +172,7 @@ class BackportServingBackend(ServingBackend):
         from maxtext_compat.backport.session import kv_session
 
         if inputs_embeds is not None:
-            raise ServingError(
-                f"MaxText {self.row.name} cannot take precomputed input embeddings",
-                argument="inputs_embeds",
-                expected="None",
-                found="an array",
-                fix="send token ids",
-            )
+            self._reject_input_embeddings()
         hooks.ensure_installed(self.row)  # no-op under the vllm-backport profile, which includes the hooks
         metadata = _one_group(attention_metadata)
         where = f"MaxText {self.row.name} Transformer (backport serving step)"
@@ -212,14 +198,6 @@ class BackportServingBackend(ServingBackend):
         with self._ctx(cfg, mesh):
             return logits_from_hidden(model, hidden[:, None, :], self._train()).squeeze(1)
 
-    def embed(self, model: Any, cfg: Any, mesh: Any, input_ids: Any) -> Any:
-        with self._ctx(cfg, mesh):
-            return model.token_embedder(input_ids)
-
-    def embedding_table(self, model: Any, cfg: Any, mesh: Any) -> Any:
-        table = model.token_embedder.embedding
-        return table.get_value() if hasattr(table, "get_value") else table
-
     # ---------------------------------------------------------------- tools
 
     def save_checkpoint(self, cfg: Any, path: str, seed: int = 0, mesh: Any = None) -> str:
@@ -235,30 +213,10 @@ class BackportServingBackend(ServingBackend):
     def dense_logits_fn(self, cfg: Any, mesh: Any) -> Callable[[Any], Any]:
         """MaxText 0.1.0's own forward (train mode, its configured attention) over the checkpoint's weights."""
         import jax
-        import jax.numpy as jnp
-        from flax import nnx
 
-        if not cfg.load_parameters_path:
-            raise ServingConfigError(
-                "the dense reference needs the checkpoint the server loads",
-                argument="load_parameters_path",
-                expected="a checkpoint path in the config",
-                found="empty",
-                fix="build the reference config with load_parameters_path=<checkpoint>",
-            )
+        self._require_reference_checkpoint(cfg)
         model = self._model_with_weights(cfg, mesh, jax.random.PRNGKey(0), mesh)
-
-        @nnx.jit
-        def run(m: Any, tokens: Any) -> Any:
-            b, s = tokens.shape
-            pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-            return m(tokens, pos, decoder_segment_ids=jnp.ones((b, s), jnp.int32), enable_dropout=False)
-
-        def logits(tokens: Any) -> Any:
-            with self._ctx(cfg, mesh):
-                return run(model, jnp.asarray(tokens, jnp.int32))
-
-        return logits
+        return self._dense_logits(model, cfg, mesh)
 
 
 def _one_group(attention_metadata: Any) -> Any:

@@ -21,23 +21,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from maxtext_compat.errors import ServingConfigError, ServingError
-from maxtext_compat.serving.backend import ServingBackend, StepOutput
+from maxtext_compat.serving.backend import StepOutput
+from maxtext_compat.serving.nnx_backend import NNXTransformerBackend
+from maxtext_compat.serving.nnx_backend import keep_xla_flags as keep_xla_flags  # its import path before the move
 
 
-@contextlib.contextmanager
-def keep_xla_flags() -> Iterator[None]:
-    """pyconfig of 0.2.5 sets XLA_FLAGS to an HLO dump when it is empty: keep the caller's value."""
-    saved = os.environ.get("XLA_FLAGS")
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = saved
-
-
-class NativeBackend(ServingBackend):
+class NativeBackend(NNXTransformerBackend):
     name = "native"
 
     # ---------------------------------------------------------------- helpers
@@ -76,8 +65,6 @@ class NativeBackend(ServingBackend):
     # ---------------------------------------------------------------- config
 
     def load_config(self, overrides: dict[str, Any]) -> Any:
-        from maxtext_compat.probes import package_dir
-
         spec = self.row.config
         if spec.vllm_yml is None:
             raise ServingConfigError(
@@ -87,14 +74,7 @@ class NativeBackend(ServingBackend):
                 found=self.row.name,
                 fix="use the backport backend for this release",
             )
-        root = package_dir(self.row.import_root)
-        if root is None:
-            raise ServingError(
-                f"package {self.row.import_root!r} is not importable", fix="install MaxText in the serving environment"
-            )
-        pyconfig = importlib.import_module(spec.pyconfig)
-        with keep_xla_flags():
-            cfg = pyconfig.initialize(["maxtext_compat", str(root / spec.vllm_yml)], **overrides)
+        cfg = self._initialize_config(spec.vllm_yml, overrides)
         modes = self.row.vllm.attention_modes if self.row.vllm else ()
         if cfg.attention not in modes:
             raise ServingConfigError(
@@ -154,13 +134,7 @@ class NativeBackend(ServingBackend):
         }
         if inputs_embeds is not None:
             if "decoder_input_embeddings" not in inspect.signature(type(model).__call__).parameters:
-                raise ServingError(
-                    f"MaxText {self.row.name} cannot take precomputed input embeddings",
-                    argument="inputs_embeds",
-                    expected="None",
-                    found="an array",
-                    fix="send token ids",
-                )
+                self._reject_input_embeddings()
             kwargs["decoder_input_embeddings"] = inputs_embeds[:, None, :].astype(cfg.dtype)
             kwargs["decoder_input_tokens"] = jnp.zeros((inputs_embeds.shape[0], 1), jnp.int32)
         else:
@@ -187,14 +161,6 @@ class NativeBackend(ServingBackend):
             y = jnp.expand_dims(hidden, axis=1)
             logits = model.decoder.apply_output_head(model.token_embedder, y, True, self._mode("ar"))
             return logits.squeeze(1)
-
-    def embed(self, model: Any, cfg: Any, mesh: Any, input_ids: Any) -> Any:
-        with self._ctx(cfg, mesh):
-            return model.token_embedder(input_ids)
-
-    def embedding_table(self, model: Any, cfg: Any, mesh: Any) -> Any:
-        table = model.token_embedder.embedding
-        return table.get_value() if hasattr(table, "get_value") else table
 
     # ---------------------------------------------------------------- tools
 
@@ -227,33 +193,12 @@ class NativeBackend(ServingBackend):
     def dense_logits_fn(self, cfg: Any, mesh: Any) -> Callable[[Any], Any]:
         """MaxText's own non-vLLM forward (train mode) over `cfg.load_parameters_path`'s weights."""
         import jax
-        import jax.numpy as jnp
-        from flax import nnx
 
-        if not cfg.load_parameters_path:
-            raise ServingConfigError(
-                "the dense reference needs the checkpoint the server loads",
-                argument="load_parameters_path",
-                expected="a checkpoint path in the config",
-                found="empty",
-                fix="build the reference config with load_parameters_path=<checkpoint>",
-            )
+        self._require_reference_checkpoint(cfg)
         train = self._mode("train")
         with self._ctx(cfg, mesh):
             model = self._from_pretrained(cfg, mesh, train, jax.random.PRNGKey(0))
-
-        @nnx.jit
-        def run(m: Any, tokens: Any) -> Any:
-            b, s = tokens.shape
-            pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-            seg = jnp.ones((b, s), jnp.int32)
-            return m(tokens, pos, decoder_segment_ids=seg, enable_dropout=False, model_mode=train)
-
-        def logits(tokens: Any) -> Any:
-            with self._ctx(cfg, mesh):
-                return run(model, jnp.asarray(tokens, jnp.int32))
-
-        return logits
+        return self._dense_logits(model, cfg, mesh, model_mode=train)
 
 
 def _to_dict(tree: Any) -> Any:

@@ -74,7 +74,7 @@ def active_patches() -> list[ActivePatch]:
 
 
 # A fork while another thread holds the lock would leave the child's copy locked forever.
-# Registered before patching.py registers its own (patching imports this module), so the
+# Registered before shims/patching/state.py registers its own (it imports this module), so the
 # before-fork hooks (run in reverse order) take patching's lock first, then this one: the
 # same order as every other code path.
 os.register_at_fork(before=_LOCK.acquire, after_in_parent=_LOCK.release, after_in_child=_LOCK.release)

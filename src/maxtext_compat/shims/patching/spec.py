@@ -1,0 +1,156 @@
+"""What a shim declares: `PatchSpec` (a target and how to wrap it), `Original`, signature sources."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from maxtext_compat.errors import InvalidArgumentError
+
+WrapperFunction = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+WrapperFactory = Callable[["Original"], WrapperFunction]
+SignatureSource = inspect.Signature | Callable[[Callable[..., Any]], inspect.Signature]
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One target of a profile and how to wrap it.
+
+    factory: called at install with the resolved `Original`; returns a wrapt-style wrapper
+        `wrapper(wrapped, instance, args, kwargs)`. A factory (not a bare wrapper) lets a shim
+        look at the installed original, e.g. whether it already accepts `kv_cache`.
+    signature: what `inspect.signature` shows for the patched callable: an `inspect.Signature`
+        or a function of the original callable returning one (see `add_keyword_params`).
+        None keeps the original's signature.
+    aliases: module names whose globals are swept for other references to the original
+        (`from x import f`); "pkg" covers pkg and pkg.*, "*" covers every module. None means
+        the target's top-level package for module functions and nothing for class attributes
+        (a class-dict patch is already seen through every alias of the class).
+    origin: what `doctor` shows as the replacement; defaults to the factory's dotted name.
+    """
+
+    target: str
+    factory: WrapperFactory
+    signature: SignatureSource | None = None
+    aliases: tuple[str, ...] | None = None
+    origin: str | None = None
+
+    def __post_init__(self) -> None:
+        _parse_target(self.target)
+        if not callable(self.factory):
+            raise InvalidArgumentError(
+                "PatchSpec.factory must be callable",
+                argument=f"PatchSpec({self.target!r}).factory",
+                expected="a function taking an Original and returning wrapper(wrapped, instance, args, kwargs)",
+                found=type(self.factory).__name__,
+                fix="pass the wrapper factory function",
+            )
+        if self.signature is not None and not (
+            isinstance(self.signature, inspect.Signature) or callable(self.signature)
+        ):
+            raise InvalidArgumentError(
+                "PatchSpec.signature must be an inspect.Signature or a callable returning one",
+                argument=f"PatchSpec({self.target!r}).signature",
+                expected="inspect.Signature | Callable[[original], inspect.Signature] | None",
+                found=type(self.signature).__name__,
+                fix="use add_keyword_params(...) or inspect.signature(prototype)",
+            )
+        if self.aliases is not None and not isinstance(self.aliases, str):
+            object.__setattr__(self, "aliases", tuple(self.aliases))  # lists welcome; kept hashable
+        if self.aliases is not None and (
+            isinstance(self.aliases, str) or not all(isinstance(a, str) and a for a in self.aliases)
+        ):
+            raise InvalidArgumentError(
+                "PatchSpec.aliases must be a tuple of module names",
+                argument=f"PatchSpec({self.target!r}).aliases",
+                expected='a tuple such as ("maxtext", "tpu_inference.models") or ("*",)',
+                found=repr(self.aliases),
+                fix="wrap a single module name in a tuple",
+            )
+
+    @property
+    def module(self) -> str:
+        return _parse_target(self.target)[0]
+
+    def describe_origin(self) -> str:
+        if self.origin:
+            return self.origin
+        mod = getattr(self.factory, "__module__", None) or "?"
+        name = getattr(self.factory, "__qualname__", None) or type(self.factory).__qualname__
+        return f"{mod}.{name}"
+
+
+class Original(NamedTuple):
+    """What a factory gets: the resolved target before patching (immutable)."""
+
+    target: str
+    profile: str
+    owner: Any  # the module or class the patch is written to
+    attribute: str
+    raw: Any  # the raw dict entry: function, staticmethod, classmethod, or a wrapper beneath us
+    function: Callable[..., Any]  # raw without its staticmethod/classmethod descriptor
+    kind: str  # function | method | staticmethod | classmethod | callable
+    defined_in: Any  # the module or class whose __dict__ holds raw (differs from owner when inherited)
+
+
+_SIG_CACHE: dict[tuple[int, tuple[str, ...], int], tuple[Any, inspect.Signature]] = {}
+_SIG_CACHE_MAX = 512
+
+
+def add_keyword_params(*names: str, default: Any = None) -> Callable[[Callable[..., Any]], inspect.Signature]:
+    """A signature source that adds keyword-only parameters the original lacks.
+
+    Why: vLLM's `supports_kw` and tpu-inference's `_validate_model_interface` read
+    `inspect.signature`; a wrapper that accepts `kv_cache` must also show it. Parameters
+    go before `**kwargs` when there is one; names already present are left as they are.
+    """
+    for n in names:
+        if not n.isidentifier():
+            raise InvalidArgumentError(
+                "add_keyword_params needs parameter names",
+                argument="add_keyword_params",
+                expected="identifiers such as 'kv_cache'",
+                found=repr(n),
+                fix="pass valid Python identifiers",
+            )
+
+    def source(fn: Callable[..., Any]) -> inspect.Signature:
+        key = (id(fn), names, id(default))
+        hit = _SIG_CACHE.get(key)
+        if hit is not None and hit[0] is fn:
+            return hit[1]
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+        rest = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        added = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=default)
+            for n in names
+            if n not in sig.parameters
+        ]
+        result = sig.replace(parameters=rest + added + var_kw)
+        if len(_SIG_CACHE) >= _SIG_CACHE_MAX:
+            _SIG_CACHE.clear()
+        _SIG_CACHE[key] = (fn, result)  # holds fn, so its id cannot be reused while cached
+        return result
+
+    source.__qualname__ = f"add_keyword_params{names}"
+    return source
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_target(target: str) -> tuple[str, tuple[str, ...]]:
+    module, sep, path = target.partition(":") if isinstance(target, str) else ("", "", "")
+    parts = tuple(path.split(".")) if path else ()
+    if not sep or not module or not parts or not all(p.isidentifier() for p in (*module.split("."), *parts)):
+        raise InvalidArgumentError(
+            "a patch target must name a module and an attribute",
+            argument="PatchSpec.target",
+            expected='"module.path:function" or "module.path:Class.attribute"',
+            found=repr(target),
+            fix="separate the module from the attribute path with one ':'",
+        )
+    return module, parts

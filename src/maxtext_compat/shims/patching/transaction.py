@@ -1,0 +1,177 @@
+"""Install and uninstall: resolve and check every target, then swap or restore all under `LOCK`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from maxtext_compat.errors import PatchConflictError
+from maxtext_compat.shims import registry
+from maxtext_compat.shims.patching.aliases import _sweep
+from maxtext_compat.shims.patching.conflicts import _check_conflicts, _raise_same_slot
+from maxtext_compat.shims.patching.describe import _describe, _is_proxy, _label
+from maxtext_compat.shims.patching.layers import PatchSet, _Layer
+from maxtext_compat.shims.patching.spec import Original, PatchSpec
+from maxtext_compat.shims.patching.state import _ABSENT, _OURS, _PID, LOCK
+from maxtext_compat.shims.patching.targets import _resolve
+from maxtext_compat.shims.patching.wrappers import _wrappers
+from maxtext_compat.shims.patching.writes import _commit, _Markers, _read, _Write
+
+_MAX_CHAIN = 64
+
+
+def apply(profile: str, specs: Sequence[PatchSpec], *, stack: bool = False) -> PatchSet:
+    """Patch every target of `specs` for `profile`, or none of them.
+
+    Modules must already be imported (`import_modules`). `stack=True` wraps targets that
+    someone else already wrapped (their object is restored on removal); without it that is
+    a `PatchConflictError`. Targets patched by another of our profiles are always stacked.
+    """
+    with LOCK:
+        planned = [(spec, _resolve(spec, profile)) for spec in specs]
+        if not stack:
+            _check_conflicts(planned)
+        layers = [_build_layer(spec, original, profile) for spec, original in planned]
+        writes: list[_Write] = []
+        markers = _Markers()
+        slots: dict[tuple[int, str], _Layer] = {}
+        for layer in layers:
+            for obj, name, _created in layer.locations():
+                other = slots.setdefault((id(obj), name), layer)
+                if other is not layer:
+                    _raise_same_slot(profile, other, layer, obj, name)
+                writes.append(_Write(obj, name, layer.wrapper, _read(obj, name)))
+            markers.add(layer.owner, layer.attribute, profile)
+        writes.extend(markers.writes())
+        _commit(writes, f"installing profile {profile!r}")
+        for layer in layers:
+            _OURS[id(layer.wrapper)] = layer
+        registry.record_many([layer.record() for layer in layers])
+        return PatchSet(profile, _PID[0], tuple(layers))
+
+
+def _build_layer(spec: PatchSpec, original: Original, profile: str) -> _Layer:
+    shim, wrapper = _wrappers(spec, original, profile)
+    below = _OURS.get(id(original.raw))
+    if below is not None and below.wrapper is original.raw:
+        stacked_on = f"profile {below.profile}"
+    elif _is_proxy(original.raw):
+        stacked_on = f"foreign {type(original.raw).__qualname__}"
+    else:
+        stacked_on = ""
+    return _Layer(
+        profile=profile,
+        target=spec.target,
+        origin=spec.describe_origin(),
+        owner=original.owner,
+        attribute=original.attribute,
+        created=original.owner is not original.defined_in,
+        original=original.raw,
+        shim=shim,
+        wrapper=wrapper,
+        aliases=_sweep(spec, original),
+        stacked_on=stacked_on,
+    )
+
+
+@dataclass(slots=True)
+class _Removal:
+    layers: list[_Layer]
+    writes: list[_Write]
+    problems: list[str]
+    fixups: list[tuple[_Layer, _Layer]]  # (layer stacked on a removed one, the removed one)
+
+
+def _plan_removal(patch_set: PatchSet, *, force: bool) -> _Removal:
+    layers = [layer for layer in patch_set._layers if _OURS.get(id(layer.wrapper)) is layer]
+    plan = _Removal(layers, [], [], [])
+    markers = _Markers()
+    spliced: set[int] = set()
+    removed = {id(layer.wrapper) for layer in layers}
+    for above in _OURS.values():  # our layers wrapping a removed one: splice it out beneath them
+        if id(above.original) in removed and id(above.wrapper) not in removed:
+            layer = _OURS[id(above.original)]
+            plan.writes.append(_Write(above.shim, "__wrapped__", layer.original, layer.wrapper))
+            spliced.add(id(above.shim))
+            plan.fixups.append((above, layer))
+    for layer in reversed(layers):
+        for obj, name, created in layer.locations():
+            current = _read(obj, name)
+            restored = _ABSENT if created else layer.original
+            if current is layer.wrapper:
+                plan.writes.append(_Write(obj, name, restored, current))
+                continue
+            proxy = _proxy_above(current, layer.wrapper)
+            if proxy is not None:
+                if id(proxy) not in spliced:
+                    spliced.add(id(proxy))
+                    plan.writes.append(_Write(proxy, "__wrapped__", layer.original, layer.wrapper))
+            elif force:
+                if not (current is _ABSENT and restored is _ABSENT):
+                    plan.writes.append(_Write(obj, name, restored, current))
+            else:
+                where = _label(obj, name)
+                plan.problems.append(f"{where} holds {_describe(current)} instead of the {layer.profile!r} wrapper")
+        markers.discard(layer.owner, layer.attribute, layer.profile)
+    plan.writes.extend(markers.writes())
+    return plan
+
+
+def drift(patch_set: PatchSet) -> list[str]:
+    """Locations of `patch_set` that no longer hold its wrapper (directly or beneath a wrapt wrapper)."""
+    with LOCK:
+        return _plan_removal(patch_set, force=False).problems
+
+
+def check_removable(patch_set: PatchSet) -> None:
+    """Raise the PatchConflictError `remove(patch_set)` would raise, changing nothing."""
+    with LOCK:
+        _raise_problems(patch_set, _plan_removal(patch_set, force=False).problems)
+
+
+def _raise_problems(patch_set: PatchSet, problems: list[str]) -> None:
+    if problems:
+        raise PatchConflictError(
+            f"cannot uninstall profile {patch_set.profile!r}: its patches were replaced by someone else",
+            argument=patch_set.profile,
+            expected="our wrapper (or a wrapt wrapper around it) at every patched location",
+            found="; ".join(problems),
+            fix="remove the other patch first, or uninstall(force=True) to put the originals back anyway",
+        )
+
+
+def remove(patch_set: PatchSet, *, force: bool = False) -> None:
+    """Restore every location of `patch_set`, or none of them.
+
+    A location that holds our wrapper gets the original back (or loses the slot we created);
+    a location where a wrapt wrapper sits on top of ours is spliced (ours removed beneath
+    it); anything else means someone replaced our patch: `PatchConflictError`, unless
+    `force=True`, which puts the original back regardless. Removing twice is a no-op.
+    """
+    with LOCK:
+        plan = _plan_removal(patch_set, force=force)
+        _raise_problems(patch_set, plan.problems)
+        _commit(plan.writes, f"uninstalling profile {patch_set.profile!r}")
+        for above, layer in plan.fixups:
+            above.original = layer.original
+            above.stacked_on = layer.stacked_on
+            if above.owner is layer.owner and above.attribute == layer.attribute:
+                above.created = layer.created
+            registry.record(above.record())
+        for layer in plan.layers:
+            del _OURS[id(layer.wrapper)]
+        registry.forget_many([(layer.target, layer.profile) for layer in plan.layers])
+
+
+def _proxy_above(current: Any, wrapper: Any) -> Any:
+    """The wrapt proxy whose __wrapped__ is `wrapper`, following only wrapt proxies from `current`."""
+    obj = current
+    for _ in range(_MAX_CHAIN):
+        if not _is_proxy(obj):
+            return None
+        inner = obj.__wrapped__
+        if inner is wrapper:
+            return obj
+        obj = inner
+    return None

@@ -1,0 +1,131 @@
+"""Our wrapt wrapper objects: the shim, its signature override, and a cache of built ones."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import wrapt
+
+from maxtext_compat.errors import PatchError
+from maxtext_compat.shims.patching.spec import Original, PatchSpec
+from maxtext_compat.shims.patching.state import _OURS
+
+
+class _ShimBoundWrapper(wrapt.BoundFunctionWrapper):
+    """Bound form of our wrapper whose `__func__` is the patched function, not the original.
+
+    Why: Flax Linen's `Module.apply()` (and `init`) unbinds `module.__call__` through `__func__`
+    and calls the result with the module; wrapt's default `__func__` proxies to the original's,
+    which would silently bypass the patch on exactly the path Linen users take.
+    """
+
+    @property
+    def __func__(self) -> Any:
+        return self._self_parent
+
+
+class _ShimWrapper(wrapt.FunctionWrapper):
+    """Our FunctionWrapper type, so tracebacks and `repr` say who wrapped the target."""
+
+    __bound_function_wrapper__ = _ShimBoundWrapper
+
+
+try:  # wrapt >= 2.2: a signature override whose bound form keeps the patch on Linen's unbind path too
+    from wrapt.signature import (
+        _NO_DOC_OVERRIDE,
+        _BoundSignatureFunctionWrapper,
+        _SignatureFunctionSurrogate,
+        _SignatureFunctionWrapper,
+    )
+
+    class _ShimBoundSignatureWrapper(_BoundSignatureFunctionWrapper):
+        @property
+        def __func__(self) -> Any:
+            parent = self._self_parent
+            return _SignatureFunctionSurrogate(parent, parent._self_signature)
+
+    class _ShimSignatureWrapper(_SignatureFunctionWrapper):
+        __bound_function_wrapper__ = _ShimBoundSignatureWrapper
+
+    def _with_signature(shim: Any, sig: inspect.Signature) -> Any:
+        def passthrough(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            return wrapped(*args, **kwargs)
+
+        return _ShimSignatureWrapper(shim, passthrough, sig, _NO_DOC_OVERRIDE)
+
+except ImportError:  # pragma: no cover - a wrapt without the private classes: plain with_signature
+
+    def _with_signature(shim: Any, sig: inspect.Signature) -> Any:
+        return wrapt.with_signature(shim, signature=sig)
+
+
+# (id(spec), id(raw original), profile) -> (spec, raw, shim, wrapper). Why: re-installing the same
+# profile over the same original (patched() blocks, 10,000-cycle stress runs) reuses its wrappers
+# instead of rebuilding them; so a factory runs once per (spec, original, profile).
+_BUILT: dict[tuple[int, int, str], tuple[PatchSpec, Any, Any, Any]] = {}
+_BUILT_MAX = 256
+
+
+def _wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any]:
+    hit = _BUILT.get((id(spec), id(original.raw), profile))
+    if (
+        hit is not None
+        and hit[0] is spec
+        and hit[1] is original.raw
+        and hit[2].__wrapped__ is original.raw  # never spliced onto another original since
+        and id(hit[3]) not in _OURS  # not installed right now
+    ):
+        return hit[2], hit[3]
+    try:
+        wrapper_fn = spec.factory(original)
+    except Exception as exc:
+        raise PatchError(
+            f"the wrapper factory of {spec.target} (profile {profile!r}) raised",
+            argument=spec.target,
+            expected="a wrapper function wrapper(wrapped, instance, args, kwargs)",
+            found=f"{type(exc).__name__}: {exc}",
+            fix=f"fix {spec.describe_origin()}",
+        ) from exc
+    if not callable(wrapper_fn):
+        raise PatchError(
+            f"the wrapper factory of {spec.target} returned a non-callable",
+            argument=spec.target,
+            expected="a wrapper function wrapper(wrapped, instance, args, kwargs)",
+            found=type(wrapper_fn).__name__,
+            fix=f"make {spec.describe_origin()} return the wrapper",
+        )
+    shim = _ShimWrapper(original.raw, wrapper_fn)
+    wrapper: Any = shim
+    if spec.signature is not None:
+        wrapper = _with_signature(shim, _signature(spec, original))
+    if len(_BUILT) >= _BUILT_MAX:
+        _BUILT.clear()
+    _BUILT[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper)
+    return shim, wrapper
+
+
+def _signature(spec: PatchSpec, original: Original) -> inspect.Signature:
+    source = spec.signature
+    if isinstance(source, inspect.Signature):
+        return source
+    assert source is not None
+    try:
+        sig = source(original.function)
+    except Exception as exc:
+        raise PatchError(
+            f"the signature source of {spec.target} raised",
+            argument=spec.target,
+            expected="an inspect.Signature",
+            found=f"{type(exc).__name__}: {exc}",
+            fix="fix the PatchSpec.signature callable",
+        ) from exc
+    if not isinstance(sig, inspect.Signature):
+        raise PatchError(
+            f"the signature source of {spec.target} returned {type(sig).__name__}",
+            argument=spec.target,
+            expected="an inspect.Signature",
+            found=repr(sig),
+            fix="return inspect.Signature (e.g. via add_keyword_params)",
+        )
+    return sig

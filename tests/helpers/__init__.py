@@ -1,0 +1,1 @@
+"""Fakes and harnesses shared by several test files, imported as `helpers` (see tests/conftest.py)."""
