@@ -212,6 +212,11 @@ class TpuInferenceRow:
     def contains(self, version: str | Version) -> bool:
         return self.versions.contains(str(version), prereleases=True)
 
+    @property
+    def label(self) -> str:
+        """The range as people write it, lower bound first (`>=0.11.1,<0.12.0`)."""
+        return ",".join(sorted((str(s) for s in self.versions), key=lambda s: (not s.startswith(">"), s)))
+
 
 @dataclass(frozen=True)
 class CpuShimSpec:

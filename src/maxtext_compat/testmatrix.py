@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError
 from maxtext_compat.matrix import CompatMatrix, load_matrix
@@ -142,10 +145,34 @@ def run_matrix(
     return results
 
 
+MOCKED_MAXTEXT = "pytest-mock tests against the matrix (no installable environment)"
+MOCKED_TPU_INFERENCE = "pytest-mock tests of the exact RPA call and metadata for the range (no environment installs it)"
+
+
 def mocked_rows(m: CompatMatrix) -> list[str]:
     """MaxText releases with no real environment: covered by pytest-mock tests only."""
     real = {e.maxtext for e in m.environments.values() if e.maxtext}
     return [r.name for r in m.maxtext if r.name not in real]
+
+
+def _pinned(m: CompatMatrix, package: str) -> set[str]:
+    """Exact versions of `package` some environment pins (`name==X` in its requirements)."""
+    pins = set()
+    for env in m.environments.values():
+        for line in (*env.requirements, *env.no_deps):
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:  # a path or URL requirement: not a version pin
+                continue
+            if canonicalize_name(req.name) == package:
+                pins |= {s.version for s in req.specifier if s.operator in ("==", "===")}
+    return pins
+
+
+def mocked_tpu_inference_rows(m: CompatMatrix) -> list[str]:
+    """tpu-inference ranges no environment installs a version of: covered by pytest-mock tests only."""
+    pins = _pinned(m, "tpu-inference")
+    return [r.label for r in m.tpu_inference if not any(r.contains(v) for v in pins)]
 
 
 def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) -> None:
@@ -170,12 +197,9 @@ def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) 
             }
             for r in results
         ],
-        "mocked_rows": [
-            {
-                "maxtext": name,
-                "covered_by": "pytest-mock tests against the matrix (no installable environment)",
-            }
-            for name in mocked_rows(m)
+        "mocked_rows": [{"maxtext": name, "covered_by": MOCKED_MAXTEXT} for name in mocked_rows(m)],
+        "mocked_tpu_inference_rows": [
+            {"tpu_inference": rng, "covered_by": MOCKED_TPU_INFERENCE} for rng in mocked_tpu_inference_rows(m)
         ],
     }
     (out_dir / "compat-report.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
@@ -209,6 +233,8 @@ def render_markdown(results: Sequence[EnvResult], m: CompatMatrix) -> str:
     lines += ["", "## Rows covered only by mocked versions", ""]
     for name in mocked_rows(m):
         lines.append(f"- MaxText {name}: pytest-mock tests against the matrix (no environment installs it)")
+    for rng in mocked_tpu_inference_rows(m):
+        lines.append(f"- tpu-inference {rng}: {MOCKED_TPU_INFERENCE}")
     return "\n".join(lines) + "\n"
 
 

@@ -51,6 +51,25 @@ def test_attention_signature_matches_the_row(resolution):
         assert (name in params) == (name in row.attention_params), name
 
 
+@pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")  # the envs that install tpu-inference
+def test_attention_metadata_fields_match_the_tpu_inference_row(resolution):
+    """The installed AttentionMetadata's pytree data fields and static (meta) fields are the row's."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from maxtext_compat.rpa import attention_metadata_class
+
+    row = resolution.tpu_inference
+    assert row is not None
+    cls = attention_metadata_class(row)
+    assert [f.name for f in dataclasses.fields(cls)] == [*row.metadata.fields, *row.metadata.meta_fields]
+    md = cls(**{name: jnp.zeros(1, jnp.int32) for name in row.metadata.fields})  # every data field a leaf
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(md)[0]]
+    assert [p[0].name for p in paths] == list(row.metadata.fields)  # meta fields are static, not leaves
+
+
 def test_tiny_attention_call_returns_the_row_convention(resolution):
     import jax
 

@@ -107,3 +107,18 @@ def test_console_script_runs(argv):
         [sys.executable, "-m", "maxtext_compat.cli", *argv], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+def test_reader_closing_the_pipe_ends_quietly():
+    """`maxtext-compat resolve --json | head -1`: no BrokenPipeError traceback, exit 141 like Unix tools."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maxtext_compat.cli", "resolve", "--maxtext", "0.2.5", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert err == ""

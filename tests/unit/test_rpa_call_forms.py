@@ -107,3 +107,18 @@ def test_unknown_row_parameters_are_refused():
     odd = dataclasses.replace(row, rpa=dataclasses.replace(row.rpa, params=(*row.rpa.params, "new_thing")))
     with pytest.raises(KernelUnavailableError, match="cannot fill"):
         plan_call(odd, _values())
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[str(r.versions) for r in ROWS])
+def test_each_row_metadata_class_takes_the_fields_we_fill(row, mocker):
+    """Every release's AttentionMetadata has the five fields the builder fills, and is loaded from the
+    module and class the row names (the import is mocked: only 0.32.0 is installed)."""
+    from maxtext_compat.paged.metadata import ATTENTION_METADATA_FIELDS
+    from maxtext_compat.rpa import attention_metadata_class
+
+    assert set(ATTENTION_METADATA_FIELDS.values()) <= set(row.metadata.fields)
+    assert not set(row.metadata.fields) & set(row.metadata.meta_fields)
+    module = mocker.Mock(name=row.metadata.module)
+    load = mocker.patch("importlib.import_module", return_value=module)
+    assert attention_metadata_class(row) is getattr(module, row.metadata.cls)
+    load.assert_called_once_with(row.metadata.module)
