@@ -66,10 +66,13 @@ def calls(progress: Progress) -> dict[str, Any]:
     from maxtext_compat.testing import tiny
 
     row = tiny.installed_row()
+    # MaxText 0.2.x builds a vllm_rpa model only with tpu-inference importable; without it the
+    # old call still runs on a plain model and the new call reports what to install.
+    vllm = row.has_kv_params and _has_kernel()
     with progress.stage("building a tiny random-weight model"):
-        cfg = tiny.tiny_config("default", vllm=row.has_kv_params)
-        mesh = _mesh(cfg, row)
-        model = wrap(tiny.tiny_transformer(cfg, mesh, model_mode="autoregressive" if row.has_kv_params else None))
+        cfg = tiny.tiny_config("default", vllm=vllm)
+        mesh = _mesh(cfg, vllm)
+        model = wrap(tiny.tiny_transformer(cfg, mesh, model_mode="autoregressive" if vllm else None))
     out: dict[str, Any] = {"model": f"{type(model).__mro__[1].__module__}.{type(model).__mro__[1].__qualname__}"}
     inp = tiny.tiny_inputs(cfg, batch=1, seq=8)
     with progress.stage("old call: model(tokens, positions)"), tiny.mesh_context(cfg, mesh):
@@ -96,10 +99,10 @@ def calls(progress: Progress) -> dict[str, Any]:
     return out
 
 
-def _mesh(cfg: Any, row: Any) -> Any:
+def _mesh(cfg: Any, vllm: bool) -> Any:
     from maxtext_compat.testing import tiny
 
-    if row.has_kv_params:  # vllm.yml meshes: one device, every axis 1
+    if vllm:  # vllm.yml meshes: one device, every axis 1
         import jax
         import numpy as np
         from jax.sharding import Mesh
@@ -126,7 +129,7 @@ def serving(progress: Progress, steps: int) -> dict[str, Any]:
     _ensure_kernel()
     row = tiny.installed_row()
     cfg = tiny.tiny_config("default", vllm=row.has_kv_params)
-    mesh = _mesh(cfg, row)
+    mesh = _mesh(cfg, row.has_kv_params)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
     model = tiny.tiny_transformer(cfg, mesh, model_mode="autoregressive" if row.has_kv_params else None)

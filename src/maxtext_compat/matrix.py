@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from maxtext_compat._yaml_reader import Node, safe_load_text
@@ -364,7 +365,7 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
     envs: dict[str, EnvironmentSpec] = {}
     releases = {r.name for r in rows}
     for name, n in envs_node.items():
-        spec = _parse_env(name, n)
+        spec = _parse_env(name, n, envs)
         if spec.maxtext is not None and spec.maxtext not in releases:
             raise n.child("maxtext").error(
                 "names a MaxText release without a row",
@@ -673,10 +674,10 @@ def _parse_cpu_shim(n: Node) -> CpuShimSpec:
     )
 
 
-def _parse_env(name: str, n: Node) -> EnvironmentSpec:
+def _parse_env(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> EnvironmentSpec:
     n.only_keys({
-        "description", "python", "maxtext", "requirements", "no_deps", "overrides", "exclude_newer", "env",
-        "serving",
+        "description", "python", "maxtext", "like", "requirements", "extra_requirements", "no_deps", "overrides",
+        "exclude_newer", "env", "serving",
     })  # fmt: skip
     if not name or any(c in name for c in "/\\ "):
         raise n.error(
@@ -684,22 +685,78 @@ def _parse_env(name: str, n: Node) -> EnvironmentSpec:
             fix="rename the environment to a non-empty name without '/', '\\' or spaces, e.g. `maxtext-0.2.5`",
         )
     mt = n.optional("maxtext")
-    reqs = n.child("requirements").string_list() if n.optional("requirements") else ()
-    for r in reqs + (n.child("no_deps").string_list() if n.optional("no_deps") else ()):
+    maxtext = None if mt is None else mt.parsed(lambda s: str(Version(s)), "a MaxText release")
+    base = _like(n, earlier, maxtext)
+
+    def strings(key: str) -> tuple[str, ...]:
+        if n.optional(key) is not None:
+            return n.child(key).string_list()
+        return tuple(_repin_maxtext(r, maxtext) for r in getattr(base, key)) if base else ()
+
+    reqs, no_deps = strings("requirements"), strings("no_deps")
+    if n.optional("extra_requirements") is not None:  # added to the pins (own or copied by `like:`)
+        reqs += n.child("extra_requirements").string_list()
+    for r in reqs + no_deps:
         _check_requirement(r, n)
     env_node = n.optional("env")
     return EnvironmentSpec(
         name=name,
         description=n.child("description").nonempty_string(),
-        python=n.child("python").parsed(lambda s: str(Version(s)), "a Python version like 3.12"),
-        maxtext=None if mt is None else mt.parsed(lambda s: str(Version(s)), "a MaxText release"),
+        python=n.child("python").parsed(lambda s: str(Version(s)), "a Python version like 3.12")
+        if base is None or n.optional("python")
+        else base.python,
+        maxtext=maxtext,
         requirements=reqs,
-        no_deps=n.child("no_deps").string_list() if n.optional("no_deps") else (),
-        overrides=n.child("overrides").string_list() if n.optional("overrides") else (),
-        exclude_newer=n.child("exclude_newer").string() if n.optional("exclude_newer") else None,
-        env=env_node.string_map() if env_node is not None else {},
-        serving=n.child("serving").boolean() if n.optional("serving") else False,
+        no_deps=no_deps,
+        overrides=strings("overrides"),
+        exclude_newer=n.child("exclude_newer").string()
+        if n.optional("exclude_newer")
+        else (base.exclude_newer if base else None),
+        env=env_node.string_map() if env_node is not None else (dict(base.env) if base else {}),
+        serving=n.child("serving").boolean() if n.optional("serving") else (base.serving if base else False),
     )
+
+
+def _like(n: Node, earlier: Mapping[str, EnvironmentSpec], maxtext: str | None) -> EnvironmentSpec | None:
+    """The environment `like:` names: this one takes its pins, with its own MaxText release pinned instead.
+
+    Why: MaxText 0.2.2-0.2.5 install on the very same jax/flax/tpu-inference stack; one list of
+    pins, written once, keeps their environments from drifting apart.
+    """
+    node = n.optional("like")
+    if node is None:
+        return None
+    other = node.string()
+    if other not in earlier:
+        raise node.error(
+            f"names an environment that is not defined above it: {other!r}",
+            expected=f"one of {sorted(earlier)}",
+            fix="define the environment it copies first (earlier in `environments:`), or fix the name",
+        )
+    base = earlier[other]
+    if maxtext is None or base.maxtext is None:
+        raise node.error(
+            "copies another environment's pins for a different MaxText release; both must name one",
+            expected="`maxtext:` set here and in the environment copied",
+            fix=f"set `maxtext:` in {n.key} and in environments.{other}, or list the pins here instead of `like:`",
+        )
+    if not any(_pins_maxtext(r) for r in (*base.requirements, *base.no_deps)):
+        raise node.error(
+            f"environments.{other} does not pin maxtext==X, so there is nothing to re-pin",
+            expected="an environment whose requirements or no_deps pin maxtext",
+            fix="list this environment's pins explicitly instead of `like:`",
+        )
+    return base
+
+
+def _pins_maxtext(requirement: str) -> bool:
+    from packaging.requirements import Requirement
+
+    return canonicalize_name(Requirement(requirement).name) == "maxtext"
+
+
+def _repin_maxtext(requirement: str, release: str | None) -> str:
+    return f"maxtext=={release}" if release and _pins_maxtext(requirement) else requirement
 
 
 def _check_requirement(text: str, n: Node) -> None:

@@ -43,6 +43,7 @@ def test_family_by_indirect_param_and_a_cache_shaped_for_it(tiny_maxtext_config,
     assert paged_kv_cache.num_layers == tiny_maxtext_config.num_decoder_layers
 
 
+@pytest.mark.needs_tpu_inference  # MaxText 0.2.x builds a vllm_rpa model only with tpu-inference importable
 @pytest.mark.parametrize("tiny_maxtext_model", [PAGED], indirect=True)
 def test_the_paged_model_also_takes_the_old_call(tiny_maxtext_model):
     """The session shares this model with the paged test below: one build, both conventions."""

@@ -195,7 +195,12 @@ def test_scanned_kv_drop_is_shown_natively_and_fixed_by_the_shim(kernel_shim):
 @pytest.mark.envs("maxtext-0.2.5")
 @pytest.mark.parametrize("scanned", [True, False])
 def test_scan_carry_fix_for_the_linen_releases(scanned):
-    """0.2.2–0.2.4 (not installable): a layer that ignores the (y, stacked_kv, idx) carry, fixed by the shim."""
+    """0.2.2–0.2.4's generic layer ignores the (y, stacked_kv, idx) carry; a stand-in layer shows the fix.
+
+    Why a stand-in: on flax 0.12.10, MaxText 0.2.3's own scanned Linen decoder does not trace with
+    kv_caches at all ("broadcasted variable has a data dependency on the scan body", natively and
+    with the shim), so the carry never reaches a real layer through the model.
+    """
 
     class Config:
         scan_layers = scanned

@@ -54,6 +54,33 @@ def test_environment_pins_match_the_issue(doc):
     assert ej.maxtext == e010.maxtext == "0.1.0"
 
 
+def test_like_copies_the_pins_with_this_release_of_maxtext(doc):
+    d = copy.deepcopy(doc)
+    d["environments"]["mt-0.2.4"] = {
+        "description": "0.2.4 on 0.2.5's stack",
+        "maxtext": "0.2.4",
+        "like": "maxtext-0.2.5",
+    }
+    d["environments"]["mt-0.2.3"] = {
+        "description": "own overrides win",
+        "maxtext": "0.2.3",
+        "like": "maxtext-0.2.5",
+        "overrides": ["qwix==0.1.9"],
+        "serving": False,
+    }
+    m = parse_matrix(yaml.safe_dump(d, sort_keys=False), "user/compat_matrix.yaml")
+    base, copy24, copy23 = (m.environment(n) for n in ("maxtext-0.2.5", "mt-0.2.4", "mt-0.2.3"))
+    assert "maxtext==0.2.4" in copy24.requirements and "maxtext==0.2.5" not in copy24.requirements
+    assert [r for r in copy24.requirements if not r.startswith("maxtext==")] == [
+        r for r in base.requirements if not r.startswith("maxtext==")
+    ]
+    assert (copy24.overrides, copy24.env, copy24.serving, copy24.python, copy24.exclude_newer) == (
+        base.overrides, base.env, base.serving, base.python, base.exclude_newer
+    )  # fmt: skip
+    assert copy23.overrides == ("qwix==0.1.9",) and copy23.serving is False
+    assert "maxtext==0.2.3" in copy23.requirements
+
+
 def test_env_var_points_at_a_user_matrix(tmp_path, monkeypatch, doc):
     own = tmp_path / "mine.yaml"
     d = copy.deepcopy(doc)
@@ -194,6 +221,24 @@ CASES = [
         lambda d: d["environments"]["unit"].update(requirements="jax"),
         "environments.unit.requirements",
         "list",
+    ),
+    (
+        "like-unknown-env",
+        lambda d: d["environments"].update({"mt-x": {"description": "x", "maxtext": "0.2.4", "like": "nope"}}),
+        "environments.mt-x.like",
+        "not defined above",
+    ),
+    (
+        "like-without-maxtext",
+        lambda d: d["environments"].update({"mt-x": {"description": "x", "like": "maxtext-0.2.5"}}),
+        "environments.mt-x.like",
+        "both must name one",
+    ),
+    (
+        "like-env-without-maxtext-pin",
+        lambda d: d["environments"].update({"mt-x": {"description": "x", "maxtext": "0.2.4", "like": "unit"}}),
+        "environments.mt-x.like",
+        "both must name one",
     ),
     (
         "shim-bad-version",

@@ -86,11 +86,17 @@ def test_an_environment_that_runs_no_test_fails(matrix, tmp_path):
     assert r.status == "no-tests" and not r.ok
 
 
-def test_report_lists_the_rows_covered_only_by_mocks(matrix, tmp_path):
+def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
     real = load_matrix(REPO / "compat_matrix.yaml")
-    mocked = testmatrix.mocked_rows(real)
+    assert testmatrix.mocked_rows(real) == []  # every MaxText release has a real environment
+    # Without the 0.2.x environments but 0.2.5's, releases 0.2.0-0.2.4 would be covered by mocks only.
+    envs = {
+        k: v for k, v in real.environments.items() if not (v.maxtext or "").startswith("0.2.") or k == "maxtext-0.2.5"
+    }
+    fewer = dataclasses.replace(real, environments=envs)
+    mocked = testmatrix.mocked_rows(fewer)
     assert mocked == ["0.2.0", "0.2.1", "0.2.2", "0.2.3", "0.2.4"]
-    testmatrix.write_reports([], real, tmp_path)
+    testmatrix.write_reports([], fewer, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["maxtext"] for r in data["mocked_rows"]] == mocked
     assert "MaxText 0.2.3: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()

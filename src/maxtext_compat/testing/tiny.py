@@ -1,8 +1,8 @@
 """Tiny random-weight MaxText models of the installed release, for tests, the demo and users.
 
 Why here: every test that compares a new path with a native one needs the same small,
-fast models, built the way each release expects (0.1.0 wants the base.yml in argv and
-`create_device_mesh`; 0.2.x `get_mesh_from_config`, `jax.set_mesh`). The recipes below
+fast models, built the way each release expects (0.1.0 wants the base.yml in argv; the mesh comes
+from `get_mesh_from_config` where it exists, else `create_device_mesh`; 0.2.x `jax.set_mesh`). The recipes below
 were measured on CPU: families default (Llama-style), qwen3 (dense) and gemma3.
 """
 
@@ -164,8 +164,8 @@ def tiny_config(
         yml = a.package_dir / a.row.config.vllm_yml
         ov["attention"] = "vllm_rpa"
     ov.update(overrides)
-    if a.row.import_root == "MaxText" and ov.get("load_parameters_path") and "enable_checkpointing" not in overrides:
-        ov["enable_checkpointing"] = True  # 0.1.0's pyconfig refuses to load a checkpoint otherwise
+    if ov.get("load_parameters_path") and "enable_checkpointing" not in overrides:
+        ov["enable_checkpointing"] = True  # pyconfig of 0.1.0-0.2.4 refuses to load a checkpoint otherwise
     # pyconfig of 0.2.5 sets XLA_FLAGS to an HLO dump when it is empty: keep the caller's value.
     saved = os.environ.get("XLA_FLAGS")
     try:
@@ -191,11 +191,12 @@ def tiny_mesh(cfg: Any, tp: int = 1, *, row: MaxTextRow | None = None) -> Any:
             fix="set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax",
         )
     a = api(row)
-    if a.row.import_root == "MaxText":
-        from jax.sharding import Mesh
+    utils = a.maxtext_utils
+    if hasattr(utils, "get_mesh_from_config"):
+        return utils.get_mesh_from_config(cfg, devices[:tp])
+    from jax.sharding import Mesh  # 0.1.0, 0.2.0, 0.2.1
 
-        return Mesh(a.maxtext_utils.create_device_mesh(cfg, devices[:tp]), cfg.mesh_axes)
-    return a.maxtext_utils.get_mesh_from_config(cfg, devices[:tp])
+    return Mesh(utils.create_device_mesh(cfg, devices[:tp]), cfg.mesh_axes)
 
 
 def mesh_context(cfg: Any, mesh: Any, *, row: MaxTextRow | None = None) -> contextlib.ExitStack:
