@@ -171,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_cli.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe must fail here, inside the handler, not at interpreter exit
+        return code
     except CompatError as exc:
         print(f"maxtext-compat: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
