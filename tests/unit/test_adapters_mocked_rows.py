@@ -1,4 +1,4 @@
-"""Adapters against every matrix row, including the releases no environment installs (0.2.0–0.2.4).
+"""Adapters against every matrix row, in seconds and without jax (each release also has a real environment).
 
 Each fake native class has the exact `__call__` signature of that release (copied from its
 wheel) and records the call it receives; the tests assert that call, so the adapter's choice

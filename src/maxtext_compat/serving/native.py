@@ -1,4 +1,4 @@
-"""Serving backend for MaxText releases with a native vLLM path (0.2.x; verified on 0.2.5).
+"""Serving backend for MaxText releases with a native vLLM path (0.2.x; verified on 0.2.2-0.2.5).
 
 Why native: from 0.2.0 MaxText's NNX `Transformer` takes `kv_caches=` / `attention_metadata=`
 with `attention="vllm_rpa"` and calls tpu-inference's ragged paged attention itself
@@ -8,7 +8,8 @@ does (configs/inference/vllm.yml + overrides, tokens and positions as (T, 1), mo
 Weights go through MaxText's `model_creation_utils.from_pretrained` (random init, or the orbax
 checkpoint with KV heads repeated to the padded count), the loader MaxText's adapter uses.
 
-Tested on 0.2.5 only; 0.2.0-0.2.4 differ in ways noted inline (weight loading before 0.2.2).
+Served for real on 0.2.2-0.2.5 (tpu-inference 0.32.0); 0.2.0/0.2.1 need tpu-inference < 0.20 and
+differ in ways noted inline (weight loading before 0.2.2).
 """
 
 from __future__ import annotations
