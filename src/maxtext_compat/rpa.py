@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
-from maxtext_compat.errors import InvalidArgumentError, KernelUnavailableError
+from maxtext_compat.errors import CompatError, InvalidArgumentError, KernelUnavailableError
 from maxtext_compat.matrix import CompatMatrix, TpuInferenceRow, load_matrix
 
 if TYPE_CHECKING:
@@ -70,18 +70,41 @@ class InstalledRpa:
         return f"tpu-inference {self.version}"
 
 
+def install_hint(m: CompatMatrix, maxtext: str | None) -> str:
+    """The pip command for the newest tpu-inference the installed MaxText release works with.
+
+    Why per release: MaxText 0.2.0/0.2.1 need tpu-inference < 0.20 (jax 0.9.2); telling their
+    users to install the newest vllm-tpu would hand them an incompatible pair.
+    """
+    wanted = None
+    if maxtext is not None:
+        try:
+            wanted = m.row(maxtext).tpu_inference
+        except CompatError:  # an unlisted release: any listed tpu-inference is a fair hint
+            wanted = None
+    releases = [rel for r in m.tpu_inference for rel in r.releases.values() if rel.vllm_tpu]
+    fitting = [rel for rel in releases if wanted is None or wanted.contains(rel.version, prereleases=True)]
+    if not fitting:
+        return "install tpu-inference with the vllm-tpu release that pins it (see compat_matrix.yaml)"
+    best = max(fitting, key=lambda rel: Version(rel.version))
+    who = f"the newest MaxText {maxtext} works with; " if wanted is not None else ""
+    return f"pip install vllm-tpu=={best.vllm_tpu} (pins tpu-inference {best.version}, {who}it needs jax {best.jax})"
+
+
 @functools.lru_cache(maxsize=1)
 def installed_rpa() -> InstalledRpa:
     """The installed tpu-inference and its matrix row (read from package metadata, no import)."""
     from maxtext_compat.versions import installed_versions
 
-    info = installed_versions().get("tpu_inference")
+    versions = installed_versions()
+    info = versions.get("tpu_inference")
     if info is None:
+        mt = versions.get("maxtext")
         raise KernelUnavailableError(
             "tpu-inference is not installed, so there is no ragged paged attention kernel",
             argument="tpu_inference",
             expected="an installed tpu-inference listed in compat_matrix.yaml",
-            fix="pip install vllm-tpu==0.32.0 (pins tpu-inference 0.32.0)",
+            fix=install_hint(load_matrix(), None if mt is None else mt.version),
         )
     m = load_matrix()
     row = m.tpu_inference_row(info.version)

@@ -122,3 +122,29 @@ def test_each_row_metadata_class_takes_the_fields_we_fill(row, mocker):
     load = mocker.patch("importlib.import_module", return_value=module)
     assert attention_metadata_class(row) is getattr(module, row.metadata.cls)
     load.assert_called_once_with(row.metadata.module)
+
+
+@pytest.mark.parametrize(
+    ("maxtext", "want"),
+    [
+        ("0.2.0", "pip install vllm-tpu==0.19.0 (pins tpu-inference 0.19.0, the newest MaxText 0.2.0 works with"),
+        ("0.2.1", "jax 0.9.2"),
+        ("0.2.5", "pip install vllm-tpu==0.32.0 (pins tpu-inference 0.32.0, the newest MaxText 0.2.5 works with"),
+        ("0.1.0", "pip install vllm-tpu==0.32.0 (pins tpu-inference 0.32.0, it needs jax 0.11.2)"),
+        (None, "pip install vllm-tpu==0.32.0"),
+    ],
+)
+def test_missing_tpu_inference_names_the_release_that_fits_the_installed_maxtext(maxtext, want, mocker):
+    """MaxText 0.2.0/0.2.1 need tpu-inference < 0.20: the fix must not send them to the newest vllm-tpu."""
+    from maxtext_compat import rpa
+    from maxtext_compat.versions import DistInfo
+
+    versions = {} if maxtext is None else {"maxtext": DistInfo("maxtext", maxtext)}
+    mocker.patch("maxtext_compat.versions.installed_versions", return_value=versions)
+    rpa.installed_rpa.cache_clear()
+    try:
+        with pytest.raises(KernelUnavailableError) as info:
+            rpa.installed_rpa()
+    finally:
+        rpa.installed_rpa.cache_clear()
+    assert want in info.value.fix and "tpu-inference is not installed" in str(info.value)
