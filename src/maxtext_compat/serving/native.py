@@ -24,7 +24,6 @@ from typing import Any
 from maxtext_compat.errors import ServingConfigError, ServingError
 from maxtext_compat.serving.backend import StepOutput
 from maxtext_compat.serving.nnx_backend import NNXTransformerBackend
-from maxtext_compat.serving.nnx_backend import keep_xla_flags as keep_xla_flags  # its import path before the move
 
 
 class NativeBackend(NNXTransformerBackend):

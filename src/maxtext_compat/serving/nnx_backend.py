@@ -11,25 +11,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from maxtext_compat.errors import ServingConfigError, ServingError
 from maxtext_compat.serving.backend import ServingBackend
-
-
-@contextlib.contextmanager
-def keep_xla_flags() -> Iterator[None]:
-    """pyconfig of 0.2.5 sets XLA_FLAGS to an HLO dump when it is empty: keep the caller's value."""
-    saved = os.environ.get("XLA_FLAGS")
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = saved
+from maxtext_compat.xla_flags import keep_xla_flags
 
 
 class NNXTransformerBackend(ServingBackend):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import tempfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,6 +19,7 @@ from typing import Any
 from maxtext_compat.errors import InvalidArgumentError, ResolutionError
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.probes import package_dir
+from maxtext_compat.xla_flags import keep_xla_flags
 
 FAMILIES: dict[str, dict[str, Any]] = {
     "default": {"model_name": "default"},
@@ -166,15 +166,8 @@ def tiny_config(
     ov.update(overrides)
     if ov.get("load_parameters_path") and "enable_checkpointing" not in overrides:
         ov["enable_checkpointing"] = True  # pyconfig of 0.1.0-0.2.4 refuses to load a checkpoint otherwise
-    # pyconfig of 0.2.5 sets XLA_FLAGS to an HLO dump when it is empty: keep the caller's value.
-    saved = os.environ.get("XLA_FLAGS")
-    try:
+    with keep_xla_flags():
         return a.pyconfig.initialize(["maxtext_compat", str(yml)], **ov)
-    finally:
-        if saved is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = saved
 
 
 def tiny_mesh(cfg: Any, tp: int = 1, *, row: MaxTextRow | None = None) -> Any:
