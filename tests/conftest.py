@@ -9,6 +9,7 @@ and tests that churn the release's shim profile where the release needs none.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -33,6 +34,7 @@ HAS_MAXTEXT = detect_import_root() is not None
 HAS_TPU_INFERENCE = importlib.util.find_spec("tpu_inference") is not None
 
 
+@functools.cache  # one resolve per session, not one per marked test
 def _release_has_a_shim_profile() -> bool:
     """Whether the installed MaxText gets a shim profile by default (0.2.0/0.2.1 need none)."""
     from maxtext_compat import resolve

@@ -145,7 +145,7 @@ def run_matrix(
     return results
 
 
-MOCKED_MAXTEXT = "pytest-mock tests against the matrix (no installable environment)"
+MOCKED_MAXTEXT = "pytest-mock tests against the matrix (no environment installs it)"
 MOCKED_TPU_INFERENCE = "pytest-mock tests of the exact RPA call and metadata for the range (no environment installs it)"
 
 
@@ -232,7 +232,7 @@ def render_markdown(results: Sequence[EnvResult], m: CompatMatrix) -> str:
         )
     lines += ["", "## Rows covered only by mocked versions", ""]
     for name in mocked_rows(m):
-        lines.append(f"- MaxText {name}: pytest-mock tests against the matrix (no environment installs it)")
+        lines.append(f"- MaxText {name}: {MOCKED_MAXTEXT}")
     for rng in mocked_tpu_inference_rows(m):
         lines.append(f"- tpu-inference {rng}: {MOCKED_TPU_INFERENCE}")
     return "\n".join(lines) + "\n"
