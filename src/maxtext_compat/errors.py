@@ -96,6 +96,11 @@ class CacheCapacityError(InvalidArgumentError):
     """A request needs more KV-cache pages or tokens than the cache (or the padded batch) holds."""
 
 
+class StaleSliceError(InvalidArgumentError):
+    """A SequenceSlice (or metadata built from it) outlived its request's pages: the request was freed, or a
+    newer step was cut for it. Writing with it would overwrite tokens that now belong to someone else."""
+
+
 class PatchError(CompatError, RuntimeError):
     """A shim could not be installed or removed; nothing was changed unless the message says rollback failed."""
 

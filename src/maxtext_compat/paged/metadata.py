@@ -23,12 +23,18 @@ The core is pure python; numpy/jax are imported only by the conversion methods.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError
-from maxtext_compat.paged.allocator import SequenceSlice
+from maxtext_compat.paged.allocator import Lease, SequenceSlice
 from maxtext_compat.paged.layout import KVCacheLayout, cdiv
+from maxtext_compat.paged.metadata_checks import check_metadata, check_sequences
+
+__all__ = ["RaggedMetadata", "build_metadata", "check_metadata", "check_sequences", "source_of"]
+# The attribute `to_attention_metadata` sets on tpu-inference's AttentionMetadata: the RaggedMetadata it
+# came from, so a later eager call can check its page size and that its requests were not freed since.
+SOURCE_ATTR = "_maxtext_compat_source"
 
 KERNEL_FIELDS = ("kv_lens", "page_indices", "cu_q_lens", "distribution")
 # Our names -> tpu-inference AttentionMetadata field names (the same in every release).
@@ -59,6 +65,8 @@ class RaggedMetadata:
     request_order: tuple[int, ...]  # kernel sequence i is the caller's seqs[request_order[i]]
     token_order: tuple[int, ...]  # kernel token t is the caller's token token_order[t]
     request_ids: tuple[Hashable | None, ...] = ()
+    # Per kernel sequence, the allocator lease it was cut from (None: a hand-made slice); see check_current.
+    leases: tuple[Lease | None, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def max_num_seqs(self) -> int:
@@ -92,6 +100,16 @@ class RaggedMetadata:
         n = cdiv(self.kv_lens[seq], self.page_size)
         start = seq * self.pages_per_seq
         return self.page_indices[start : start + n]
+
+    def check_current(self, argument: str = "metadata") -> None:
+        """StaleSliceError when a request of this step was freed or stepped again since it was built.
+
+        Why: metadata outlives the step it was built for (a kept PagedStep, an AttentionMetadata
+        reused after `free`); its pages may belong to another request by now.
+        """
+        for i, lease in enumerate(self.leases):
+            if lease is not None:
+                lease.check(f"{argument} (kernel sequence {i}, request {lease.request_id!r})")
 
     # -- conversions ----------------------------------------------------------------------------
 
@@ -127,7 +145,12 @@ class RaggedMetadata:
 
             cls = attention_metadata_class()
         a = self.arrays()
-        return cls(**{theirs: jnp.asarray(a[ours]) for ours, theirs in ATTENTION_METADATA_FIELDS.items()})
+        md = cls(**{theirs: jnp.asarray(a[ours]) for ours, theirs in ATTENTION_METADATA_FIELDS.items()})
+        try:
+            object.__setattr__(md, SOURCE_ATTR, self)  # eager calls check page size and leases (not a pytree field)
+        except (AttributeError, TypeError):  # a slotted class: only the array checks apply
+            pass
+        return md
 
     def _token_index(self) -> Any:
         import numpy as np
@@ -258,6 +281,7 @@ def build_metadata(
         request_order=tuple(order),
         token_order=tuple(token_order),
         request_ids=tuple(seqs[i].request_id for i in order),
+        leases=tuple(seqs[i].lease for i in order),
     )
     check_metadata(
         md.kv_lens,
@@ -267,214 +291,14 @@ def build_metadata(
         num_pages=layout.num_pages,
         page_size=layout.page_size,
         max_num_tokens=max_num_tokens,
+        input_positions=md.input_positions,
     )
     return md
 
 
-# --------------------------------------------------------------------------------------------
-# Validation (pure python; the dispatcher runs check_metadata on concrete user arrays too)
-# --------------------------------------------------------------------------------------------
-
-
-def check_sequences(seqs: Sequence[SequenceSlice], layout: KVCacheLayout) -> None:
-    """Per-sequence checks with the caller's indices in the messages."""
-    for i, s in enumerate(seqs):
-        where = f"seqs[{i}]" + (f" (request {s.request_id!r})" if s.request_id is not None else "")
-        if s.q_len < 1:
-            raise InvalidArgumentError(
-                "a sequence in a step must add at least one token",
-                argument=f"{where}.q_len",
-                expected=">= 1",
-                found=s.q_len,
-                fix="drop sequences with nothing to compute from the step",
-            )
-        if s.q_len > s.kv_len:
-            raise InvalidArgumentError(
-                "q_len exceeds kv_len (kv_len counts the cached tokens plus this step's new ones)",
-                argument=f"{where}.kv_len",
-                expected=f">= q_len={s.q_len}",
-                found=s.kv_len,
-                fix="pass kv_len = tokens already cached + q_len",
-            )
-        if s.kv_len > layout.capacity_tokens:
-            raise CacheCapacityError(
-                "the sequence holds more tokens than the whole cache",
-                argument=f"{where}.kv_len",
-                expected=f"<= {layout.capacity_tokens} ({layout.num_pages} pages x {layout.page_size})",
-                found=s.kv_len,
-                fix="allocate a cache with more pages",
-            )
-        need = cdiv(s.kv_len, layout.page_size)
-        if len(s.pages) < need:
-            raise CacheCapacityError(
-                "the sequence has too few pages for its kv_len",
-                argument=f"{where}.pages",
-                expected=f">= {need} pages for kv_len={s.kv_len} at page_size={layout.page_size}",
-                found=f"{len(s.pages)} pages",
-                fix="allocate the pages first (PageAllocator.append / allocate)",
-            )
-        for p in s.pages[:need]:
-            if not 0 <= p < layout.num_pages:
-                raise InvalidArgumentError(
-                    "page id out of range",
-                    argument=f"{where}.pages",
-                    expected=f"ids in [0, {layout.num_pages})",
-                    found=p,
-                    fix="use page ids handed out by a PageAllocator of this cache",
-                )
-
-
-def check_metadata(
-    kv_lens: Sequence[int],
-    page_indices: Sequence[int],
-    cu_q_lens: Sequence[int],
-    distribution: Sequence[int],
-    *,
-    num_pages: int,
-    page_size: int,
-    max_num_tokens: int,
-) -> None:
-    """Validate kernel metadata values (lengths, ordering, ranges, write conflicts)."""
-    max_num_seqs = len(kv_lens)
-    if max_num_seqs < 1:
-        raise InvalidArgumentError(
-            "kv_lens is empty",
-            argument="kv_lens",
-            expected="[max_num_seqs] with >= 1 entry",
-            found="0 entries",
-            fix="pass kv_lens with one entry per batch slot (max_num_seqs >= 1), "
-            "or build the metadata with maxtext_compat.paged.build_metadata",
-        )
-    if len(cu_q_lens) != max_num_seqs + 1:
-        raise InvalidArgumentError(
-            "cu_q_lens must have one more entry than kv_lens",
-            argument="cu_q_lens",
-            expected=f"length {max_num_seqs + 1}",
-            found=f"length {len(cu_q_lens)}",
-            fix=f"pass cu_q_lens with len(kv_lens) + 1 = {max_num_seqs + 1} entries (cumulative query lengths from 0), "
-            "or build the metadata with maxtext_compat.paged.build_metadata",
-        )
-    if len(distribution) != 3:
-        raise InvalidArgumentError(
-            "distribution is (decode end, prefill-only end, total sequences)",
-            argument="distribution",
-            expected="length 3",
-            found=f"length {len(distribution)}",
-            fix="pass distribution as 3 int32 values (decode end, prefill-only end, total sequences), "
-            "or build the metadata with maxtext_compat.paged.build_metadata",
-        )
-    if len(page_indices) == 0 or len(page_indices) % max_num_seqs:
-        raise InvalidArgumentError(
-            "page_indices is the flattened [max_num_seqs, pages_per_seq] block table",
-            argument="page_indices",
-            expected=f"a non-zero multiple of max_num_seqs={max_num_seqs} entries",
-            found=f"{len(page_indices)} entries",
-            fix="pass page_indices as the block table flattened to max_num_seqs * pages_per_seq entries "
-            f"({max_num_seqs} rows; PageAllocator.block_table(...) builds them, padded with page 0)",
-        )
-    pages_per_seq = len(page_indices) // max_num_seqs
-    d, p, n = (int(x) for x in distribution)
-    if not 0 <= d <= p <= n <= max_num_seqs:
-        raise InvalidArgumentError(
-            "distribution must satisfy 0 <= decode_end <= prefill_end <= num_seqs <= max_num_seqs",
-            argument="distribution",
-            expected=f"0 <= d <= p <= n <= {max_num_seqs}",
-            found=(d, p, n),
-            fix="set distribution to (decode sequences, the same again, all sequences) with all sequences "
-            f"<= max_num_seqs={max_num_seqs}, or build the metadata with maxtext_compat.paged.build_metadata",
-        )
-    if p != d:
-        raise InvalidArgumentError(
-            "a prefill-only segment would be skipped: tpu-inference's sharded RPA never passes chunk_prefill_size",
-            argument="distribution",
-            expected=f"(d, d, n), i.e. ({d}, {d}, {n})",
-            found=(d, p, n),
-            fix="put non-decode sequences in the mixed segment (maxtext_compat.paged.build_metadata does)",
-        )
-    if int(cu_q_lens[0]) != 0:
-        raise InvalidArgumentError(
-            "cu_q_lens must start at 0",
-            argument="cu_q_lens[0]",
-            expected=0,
-            found=cu_q_lens[0],
-            fix="make cu_q_lens cumulative from 0: cu_q_lens = [0, q_len_0, q_len_0 + q_len_1, ...]",
-        )
-    total = int(cu_q_lens[n])
-    if total > max_num_tokens:
-        raise CacheCapacityError(
-            "the batch has more tokens than q/k/v rows",
-            argument="cu_q_lens",
-            expected=f"cu_q_lens[num_seqs] <= {max_num_tokens} (q.shape[0])",
-            found=total,
-            fix="pad q/k/v to at least the batch's token count",
-        )
-    writers: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
-    for i in range(n):
-        q_len = int(cu_q_lens[i + 1]) - int(cu_q_lens[i])
-        kv_len = int(kv_lens[i])
-        if q_len < 1:
-            raise InvalidArgumentError(
-                "every sequence in the batch must have at least one new token",
-                argument=f"cu_q_lens[{i}:{i + 2}]",
-                expected="strictly increasing up to num_seqs",
-                found=f"q_len={q_len} for sequence {i}",
-                fix="drop empty sequences and lower distribution[2]",
-            )
-        if q_len > kv_len:
-            raise InvalidArgumentError(
-                "q_len exceeds kv_len",
-                argument=f"kv_lens[{i}]",
-                expected=f">= q_len={q_len}",
-                found=kv_len,
-                fix="kv_lens counts the cached tokens plus this step's new ones",
-            )
-        if i < d and q_len != 1:
-            raise InvalidArgumentError(
-                "a sequence in the decode segment has more than one new token (the decode kernel assumes 1)",
-                argument=f"cu_q_lens[{i}:{i + 2}]",
-                expected="q_len == 1 for sequences [0, distribution[0])",
-                found=f"q_len={q_len}",
-                fix="order sequences decode-first and count only q_len == 1 ones in distribution[0]",
-            )
-        need = cdiv(kv_len, page_size)
-        if need > pages_per_seq:
-            raise CacheCapacityError(
-                "kv_len needs more pages than a block-table row holds",
-                argument=f"kv_lens[{i}]",
-                expected=f"<= {pages_per_seq * page_size} ({pages_per_seq} pages x {page_size})",
-                found=kv_len,
-                fix="raise pages_per_seq or shorten the sequence",
-            )
-        first_written = (kv_len - q_len) // page_size
-        for j in range(need):
-            page = int(page_indices[i * pages_per_seq + j])
-            if not 0 <= page < num_pages:
-                raise InvalidArgumentError(
-                    "block table entry out of range",
-                    argument=f"page_indices[{i * pages_per_seq + j}]",
-                    expected=f"a page id in [0, {num_pages}) (sequence {i}, page {j})",
-                    found=page,
-                    fix="use page ids of this cache",
-                )
-            users.setdefault(page, []).append(i)
-            if j >= first_written:
-                if page in writers and writers[page] != i:
-                    raise InvalidArgumentError(
-                        "two sequences write new tokens into the same page",
-                        argument="page_indices",
-                        expected="pages written this step owned by one sequence",
-                        found=f"page {page} written by sequences {writers[page]} and {i}",
-                        fix="give each request its own pages (shared prefix pages must be full and read-only)",
-                    )
-                writers[page] = i
-    for page, i in writers.items():
-        others = sorted(set(users[page]) - {i})
-        if others:
-            raise InvalidArgumentError(
-                "a page written this step is also read by another sequence",
-                argument="page_indices",
-                expected="pages written this step owned by one sequence",
-                found=f"page {page} written by sequence {i}, read by {others}",
-                fix="give each request its own pages (shared prefix pages must be full and read-only)",
-            )
+def source_of(metadata: Any) -> RaggedMetadata | None:
+    """The RaggedMetadata a metadata object is or was built from (None: hand-made or traced)."""
+    if isinstance(metadata, RaggedMetadata):
+        return metadata
+    found = getattr(metadata, SOURCE_ATTR, None)
+    return found if isinstance(found, RaggedMetadata) else None
