@@ -8,6 +8,7 @@ test, as failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -119,14 +120,12 @@ def run_env(
     env.update(compile_cache_env(name))
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
     log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))
-    if output is None:
-        proc = subprocess.run(cmd, cwd=envs.project_root(), env=env, check=False)
-    else:
+    if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        with output.open("w", encoding="utf-8") as fh:
-            proc = subprocess.run(
-                cmd, cwd=envs.project_root(), env=env, check=False, stdout=fh, stderr=subprocess.STDOUT
-            )
+    with output.open("w", encoding="utf-8") if output else contextlib.nullcontext() as fh:
+        proc = subprocess.run(
+            cmd, cwd=envs.project_root(), env=env, check=False, stdout=fh, stderr=subprocess.STDOUT if fh else None
+        )
     res.duration_s = round(time.monotonic() - t0, 1)
     if not junit.exists():
         res.status, res.detail = "failed", f"pytest exited with {proc.returncode} and wrote no report"
