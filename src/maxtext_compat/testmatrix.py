@@ -25,7 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from maxtext_compat import envs
-from maxtext_compat.errors import EnvironmentBuildError
+from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import CompatMatrix, load_matrix
 
 ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
@@ -90,13 +90,19 @@ def run_env(
     report_dir: Path,
     log: Callable[[str], None] = print,
     output: Path | None = None,
+    build_lock: contextlib.AbstractContextManager[object] | None = None,
 ) -> EnvResult:
-    """Run pytest in one environment; its output goes to `output` (a log file) when given."""
+    """Run pytest in one environment; its output goes to `output` (a log file) when given.
+
+    `build_lock` serialises the build step when environments run at once (they share uv's cache and the
+    envs folder); the tests themselves run outside it.
+    """
     spec = matrix.environment(name)
     res = EnvResult(name=name, maxtext=spec.maxtext)
     t0 = time.monotonic()
     try:
-        st = envs.build(spec, log=log) if build else envs.status(spec)
+        with build_lock if build_lock is not None else contextlib.nullcontext():
+            st = envs.build(spec, log=log) if build else envs.status(spec)
         if not st.built:
             raise EnvironmentBuildError(
                 f"environment {name!r} is not built",
@@ -189,8 +195,14 @@ def run_matrix(
     jobs: int = 1,
 ) -> list[EnvResult]:
     """Run every selected environment; with jobs > 1, that many at once, each logging to build/logs/."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise InvalidArgumentError(
+            "jobs must be >= 1",
+            argument="jobs",
+            expected="a whole number >= 1 (environments run at once)",
+            found=repr(jobs),
+            fix="pass jobs=1 to run environments one after another",
+        )
     m = matrix if matrix is not None else load_matrix()
     out_dir = report_dir if report_dir is not None else envs.project_root() / "build"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -215,20 +227,25 @@ def _run_parallel(
     log: Callable[[str], None],
     jobs: int,
 ) -> list[EnvResult]:
-    lock = threading.Lock()
+    lock, build_lock = threading.Lock(), threading.Lock()
 
     def say(msg: str) -> None:
         with lock:
             log(msg)
 
-    if build:  # builds share uv's cache and the envs folder: one at a time, before any test starts
-        for name in selected:
-            envs.build(m.environment(name), log=say)
-
     def one(name: str) -> EnvResult:
         logfile = out_dir / "logs" / f"{name}.log"
         say(f"[matrix] {name}: started (output in {logfile})")
-        res = run_env(name, matrix=m, pytest_args=pytest_args, build=False, report_dir=out_dir, log=say, output=logfile)
+        res = run_env(
+            name,
+            matrix=m,
+            pytest_args=pytest_args,
+            build=build,
+            report_dir=out_dir,
+            log=say,
+            output=logfile,
+            build_lock=build_lock,
+        )
         say(
             f"[matrix] {name}: {res.status}, {res.passed} passed, {res.failed + res.errors} failed, "
             f"{res.skipped} skipped in {res.duration_s:.0f}s"

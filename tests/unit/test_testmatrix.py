@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from maxtext_compat import envs, testmatrix
+from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,9 +142,26 @@ def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch,
     assert testmatrix.compile_cache_env("x")["JAX_COMPILATION_CACHE_DIR"].startswith(str(tmp_path / "xdg"))
 
 
-def test_jobs_must_be_positive(matrix, tmp_path):
-    with pytest.raises(ValueError, match="jobs must be >= 1"):
-        testmatrix.run_matrix(["tiny"], matrix=matrix, report_dir=tmp_path, jobs=0, log=lambda _: None)
+@pytest.mark.parametrize("jobs", [0, -1, 2.5, True, "2"])
+def test_jobs_must_be_a_positive_whole_number(matrix, tmp_path, jobs):
+    with pytest.raises(InvalidArgumentError, match=r"\[jobs\] jobs must be >= 1.*Found: "):
+        testmatrix.run_matrix(["tiny"], matrix=matrix, report_dir=tmp_path, jobs=jobs, log=lambda _: None)
+
+
+def test_a_build_failure_with_jobs_is_reported_like_without(matrix, tmp_path):
+    # The parallel path must record a broken build per environment, not abort the run.
+    results = testmatrix.run_matrix(
+        ["broken", "tiny"],
+        matrix=matrix,
+        report_dir=tmp_path / "build",
+        pytest_args=["--version"],
+        log=lambda _: None,
+        jobs=2,
+    )
+    broken, tiny = results
+    assert broken.status == "build-failed" and "six" in broken.detail
+    assert tiny.name == "tiny" and tiny.status != "build-failed"
+    assert testmatrix.main_exit_code(results) == 1
 
 
 def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matrix, tmp_path):
