@@ -61,6 +61,8 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     from maxtext_compat import envs
     from maxtext_compat.matrix import load_matrix
 
+    for name in args.names:  # before anything reads the matrix or touches the envs folder
+        envs.check_env_name(name)
     m = load_matrix()
     if args.action == "build":
         envs.build_all(args.names or None, matrix=m, force=args.force)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -61,6 +62,10 @@ CLASS_KEYS: tuple[str, ...] = (
     "transformer_linen",
 )
 FAMILIES: tuple[str, ...] = ("default", "llama2", "qwen3", "gemma3")
+# An environment's name is a directory under the envs folder, built and deleted by `envs build`:
+# one path component, ASCII, starting with a letter or digit (so never `.`, `..`, hidden or empty).
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_NAME_RULE = "1-64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 @dataclass(frozen=True)
@@ -364,8 +369,15 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
     envs_node = doc.child("environments")
     envs: dict[str, EnvironmentSpec] = {}
     releases = {r.name for r in rows}
+    folded: dict[str, str] = {}
     for name, n in envs_node.items():
         spec = _parse_env(name, n, envs)
+        if name.lower() in folded:  # one directory on a case-insensitive file system (macOS)
+            raise n.error(
+                f"differs from environment {folded[name.lower()]!r} only in letter case",
+                fix="give every environment a name that differs in more than letter case",
+            )
+        folded[name.lower()] = name
         if spec.maxtext is not None and spec.maxtext not in releases:
             raise n.child("maxtext").error(
                 "names a MaxText release without a row",
@@ -679,10 +691,14 @@ def _parse_env(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> En
         "description", "python", "maxtext", "like", "requirements", "extra_requirements", "no_deps", "overrides",
         "exclude_newer", "env", "serving",
     })  # fmt: skip
-    if not name or any(c in name for c in "/\\ "):
-        raise n.error(
-            "environment names must be plain words (used as a directory name)",
-            fix="rename the environment to a non-empty name without '/', '\\' or spaces, e.g. `maxtext-0.2.5`",
+    if not valid_env_name(name):
+        raise MatrixError(
+            "is not a valid environment name (it is the name of a directory that `envs build` replaces)",
+            path=n.path,
+            key=n.key,
+            expected=ENV_NAME_RULE,
+            found=repr(name),
+            fix="rename the environment, e.g. `maxtext-0.2.5`",
         )
     mt = n.optional("maxtext")
     maxtext = None if mt is None else mt.parsed(lambda s: str(Version(s)), "a MaxText release")
@@ -715,6 +731,11 @@ def _parse_env(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> En
         env=env_node.string_map() if env_node is not None else (dict(base.env) if base else {}),
         serving=n.child("serving").boolean() if n.optional("serving") else (base.serving if base else False),
     )
+
+
+def valid_env_name(name: object) -> bool:
+    """Whether `name` may name an environment (a single, plain directory name under the envs folder)."""
+    return isinstance(name, str) and ENV_NAME_PATTERN.fullmatch(name) is not None
 
 
 def _like(n: Node, earlier: Mapping[str, EnvironmentSpec], maxtext: str | None) -> EnvironmentSpec | None:
