@@ -31,7 +31,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         k: v
         for k, v in (("maxtext", args.maxtext), ("tpu-inference", args.tpu_inference), ("vllm", args.vllm),
                      ("jax", args.jax))
-        if v
+        if v is not None  # an empty --maxtext "" is refused by resolve(), not dropped
     }  # fmt: skip
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

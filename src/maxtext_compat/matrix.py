@@ -8,6 +8,7 @@ CLI and the test matrix read the same facts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -24,6 +25,7 @@ from packaging.version import Version
 
 from maxtext_compat._yaml_reader import Node, safe_load_text
 from maxtext_compat.errors import MatrixError
+from maxtext_compat.versions import as_version, version_in
 
 SCHEMA_VERSION = 1
 MATRIX_ENV_VAR = "MAXTEXT_COMPAT_MATRIX"
@@ -218,6 +220,16 @@ class TpuInferenceRow:
     def contains(self, version: str | Version) -> bool:
         return self.versions.contains(str(version), prereleases=True)
 
+    def release(self, version: str | Version) -> TpiRelease | None:
+        """The listed release equal to `version` as a version (0.32 is 0.32.0), else None."""
+        v = as_version(version)
+        if v is None:
+            return None
+        for key, rel in self.releases.items():
+            if Version(key) == v:
+                return rel
+        return None
+
     @property
     def label(self) -> str:
         """The range as people write it, lower bound first (`>=0.11.1,<0.12.0`)."""
@@ -228,6 +240,10 @@ class TpuInferenceRow:
 class CpuShimSpec:
     verified_jax: tuple[str, ...]
     verified_tpu_inference: tuple[str, ...]
+
+    def jax_verified(self, version: str | Version) -> bool:
+        """Whether the CPU shim was verified on this jax (compared as versions: 0.11.2 == 0.11.2.0)."""
+        return version_in(version, self.verified_jax)
 
 
 @dataclass(frozen=True)
@@ -320,24 +336,69 @@ def default_matrix_path() -> Path:
     return repo_copy
 
 
+MAX_MATRIX_BYTES = 1 << 20  # 1 MiB; the shipped matrix is ~30 kB (a bigger file is no matrix, and slow to parse)
+
+
 def load_matrix(path: str | os.PathLike[str] | None = None) -> CompatMatrix:
-    """Load and validate a matrix file (cached per path and modification time)."""
+    """Load and validate a matrix file (cached per path, modification time and size).
+
+    Only a regular file of at most MAX_MATRIX_BYTES is read: a FIFO, a device (/dev/zero) or a
+    directory would otherwise hang every command or exhaust memory."""
     p = Path(path) if path is not None else default_matrix_path()
     try:
-        stat = p.stat()
-    except OSError:
+        st = p.stat()
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
         raise MatrixError(
             "compat matrix file not found",
             path=str(p),
             fix=f"set {MATRIX_ENV_VAR} to an existing file, or reinstall maxtext-compat",
         ) from None
-    return _load_cached(str(p), stat.st_mtime_ns, stat.st_size)
+    _check_regular(str(p), st)
+    return _load_cached(str(p), st.st_mtime_ns, st.st_size)
+
+
+def _check_regular(path: str, st: os.stat_result) -> None:
+    import stat as stat_mod
+
+    if not stat_mod.S_ISREG(st.st_mode):
+        kind = (
+            "a directory" if stat_mod.S_ISDIR(st.st_mode)
+            else "a FIFO" if stat_mod.S_ISFIFO(st.st_mode)
+            else "a device" if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode)
+            else "a socket" if stat_mod.S_ISSOCK(st.st_mode)
+            else "not a regular file"
+        )  # fmt: skip
+        raise MatrixError(
+            "the compat matrix must be a regular file",
+            path=path,
+            expected="a YAML file",
+            found=kind,
+            fix=f"point {MATRIX_ENV_VAR} at a compat_matrix.yaml file",
+        )
+    _check_size(path, st.st_size)
+
+
+def _check_size(path: str, size: int) -> None:
+    if size > MAX_MATRIX_BYTES:
+        raise MatrixError(
+            "the compat matrix file is too large",
+            path=path,
+            expected=f"at most {MAX_MATRIX_BYTES} bytes",
+            found=f"{size} bytes or more",
+            fix=f"point {MATRIX_ENV_VAR} at a compat_matrix.yaml file",
+        )
 
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(path: str, _mtime: int, _size: int) -> CompatMatrix:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # O_NONBLOCK: if the path became a FIFO since stat(), open() must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            _check_regular(path, os.fstat(f.fileno()))
+            data = f.read(MAX_MATRIX_BYTES + 1)
+        _check_size(path, len(data))  # it may have grown since stat()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MatrixError(f"cannot read the file: {exc}", path=path, fix="check the file") from None
     return parse_matrix(text, path)
@@ -362,65 +423,116 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
             expected="a non-empty list",
             fix="add a row per MaxText release under `maxtext:` (copy a row of the shipped compat_matrix.yaml)",
         )
-    _check_unique([r.name for r in rows], doc.child("maxtext"), "release")
+    _check_unique([r.release for r in rows], doc.child("maxtext"), "release")
     tpi = tuple(_parse_tpi(n) for n in doc.child("tpu_inference").elements())
     _check_disjoint(tpi, doc.child("tpu_inference"))
     shim = _parse_cpu_shim(doc.child("cpu_shim"))
     envs_node = doc.child("environments")
     envs: dict[str, EnvironmentSpec] = {}
-    releases = {r.name for r in rows}
+    releases = {r.release: r.name for r in rows}
     folded: dict[str, str] = {}
     for name, n in envs_node.items():
         spec = _parse_env(name, n, envs)
+        mt_version = None if spec.maxtext is None else Version(spec.maxtext)
+        if mt_version in releases and spec.maxtext != releases[mt_version]:  # 0.2.5.0 is row 0.2.5
+            spec = dataclasses.replace(spec, maxtext=releases[mt_version])
         if name.lower() in folded:  # one directory on a case-insensitive file system (macOS)
             raise n.error(
                 f"differs from environment {folded[name.lower()]!r} only in letter case",
                 fix="give every environment a name that differs in more than letter case",
             )
         folded[name.lower()] = name
-        if spec.maxtext is not None and spec.maxtext not in releases:
+        if mt_version is not None and mt_version not in releases:
+            names = [releases[v] for v in sorted(releases)]
             raise n.child("maxtext").error(
                 "names a MaxText release without a row",
-                expected=f"one of {sorted(releases)} or null",
-                fix=f"set `{n.key}.maxtext` to one of {sorted(releases)} (null for no MaxText), "
+                expected=f"one of {names} or null",
+                fix=f"set `{n.key}.maxtext` to one of {names} (null for no MaxText), "
                 f"or add a `maxtext:` row for release {spec.maxtext}",
             )
         envs[name] = spec
     return CompatMatrix(version, path, rows, tpi, shim, envs)
 
 
-def _check_unique(names: list[str], node: Node, what: str) -> None:
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise node.error(f"lists {what} {n!r} twice", fix=f"keep one entry per {what}")
-        seen.add(n)
+def _check_unique(values: list[Any], node: Node, what: str) -> None:
+    """Values must differ (versions compare as versions: 0.2.5 and 0.2.5.0 are one release)."""
+    seen: dict[Any, Any] = {}
+    for v in values:
+        if v in seen:
+            same = f"{seen[v]!s} and {v!s}" if str(seen[v]) != str(v) else f"{v!s}"
+            raise node.error(f"lists {what} {same} twice (equal as versions)", fix=f"keep one entry per {what}")
+        seen[v] = v
+
+
+# The operators a tpu_inference range may use: each range is then one interval of versions, and
+# the rows can be checked for overlap exactly, by sorting them and sweeping once (n log n).
+_RANGE_OPS = (">=", ">", "<=", "<", "==")
+
+
+@dataclass(frozen=True)
+class _Interval:
+    lo: Version | None  # None: unbounded
+    lo_incl: bool
+    hi: Version | None
+    hi_incl: bool
+
+
+def _interval(versions: SpecifierSet, node: Node) -> _Interval:
+    lo: Version | None = None
+    hi: Version | None = None
+    lo_incl = hi_incl = False
+    for spec in versions:
+        if spec.operator not in _RANGE_OPS or spec.version.endswith(".*"):
+            raise node.error(
+                f"uses {spec}, which is not a plain bound",
+                expected=f"bounds with {', '.join(_RANGE_OPS)} (no wildcards, ~=, != or ===), e.g. >=0.31.0,<0.33.0",
+                fix="write the range as a lower and an upper bound",
+            )
+        v = Version(spec.version)
+        if spec.operator in (">=", ">", "=="):
+            incl = spec.operator != ">"
+            if lo is None or v > lo or (v == lo and not incl):
+                lo, lo_incl = v, incl
+        if spec.operator in ("<=", "<", "=="):
+            incl = spec.operator != "<"
+            if hi is None or v < hi or (v == hi and not incl):
+                hi, hi_incl = v, incl
+    if lo is not None and hi is not None and (lo > hi or (lo == hi and not (lo_incl and hi_incl))):
+        raise node.error(
+            f"the range {versions} contains no version",
+            expected="a lower bound below the upper bound",
+            fix="correct the bounds",
+        )
+    return _Interval(lo, lo_incl, hi, hi_incl)
 
 
 def _check_disjoint(rows: tuple[TpuInferenceRow, ...], node: Node) -> None:
-    bounds = {Version(s.version) for r in rows for s in r.versions if _is_version(s.version)}
-    # Probe each boundary and just past it: two overlapping intervals always share such a point.
-    probes = sorted(bounds | {_just_after(b) for b in bounds})
-    for v in probes:
-        hits = [str(r.versions) for r in rows if r.contains(v)]
-        if len(hits) > 1:
-            raise node.error(
-                f"version ranges overlap at {v}: {hits}",
-                fix="make the tpu_inference `versions` ranges disjoint",
+    """No version may fall in two rows: sort the intervals by lower bound, sweep keeping the highest end."""
+    spans = [(_interval(r.versions, node.child_at(i, "versions")), i) for i, r in enumerate(rows)]
+
+    def start(item: tuple[_Interval, int]) -> tuple[int, Version, int]:
+        iv = item[0]
+        return (0, Version("0"), 0) if iv.lo is None else (1, iv.lo, 0 if iv.lo_incl else 1)
+
+    spans.sort(key=start)
+    reach: tuple[_Interval, int] | None = None  # the interval seen so far that ends highest
+    for iv, i in spans:
+        if reach is not None:
+            end = reach[0]
+            overlap = (
+                end.hi is None or iv.lo is None or iv.lo < end.hi or (iv.lo == end.hi and iv.lo_incl and end.hi_incl)
             )
-
-
-def _just_after(v: Version) -> Version:
-    release = v.release + (0,) * (3 - len(v.release))
-    return Version(".".join(map(str, (*release, 1))))
-
-
-def _is_version(text: str) -> bool:
-    try:
-        Version(text)
-    except Exception:
-        return False
-    return True
+            if overlap:
+                j = reach[1]
+                raise node.error(
+                    f"version ranges overlap: tpu_inference[{j}] {rows[j].versions} and "
+                    f"tpu_inference[{i}] {rows[i].versions}",
+                    fix="make the tpu_inference `versions` ranges disjoint",
+                )
+            if iv.hi is None or (iv.hi, iv.hi_incl) > (end.hi, end.hi_incl):
+                reach = (iv, i)
+        else:
+            reach = (iv, i)
 
 
 _ROW_KEYS = {
@@ -592,6 +704,7 @@ def _parse_defect(n: Node) -> KnownDefect:
 def _parse_tpi(n: Node) -> TpuInferenceRow:
     n.only_keys({"versions", "releases", "rpa", "metadata", "model_return_arity", "block_sizes", "notes"})
     versions = n.child("versions").parsed(SpecifierSet, "a version specifier")
+    _interval(versions, n.child("versions"))  # plain bounds, not empty
     rpa = n.child("rpa")
     rpa.only_keys({"module", "function", "call_form", "factory_params", "params", "optional_kwargs", "returns"})
     form = rpa.child("call_form").choice(CALL_FORMS)
@@ -647,16 +760,23 @@ def _parse_tpi(n: Node) -> TpuInferenceRow:
 
 def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
     out: dict[str, TpiRelease] = {}
+    seen: dict[Version, str] = {}
     for ver, rn in n.items():
         rn.only_keys({"jax", "vllm_tpu"})
         try:
-            Version(ver)
+            parsed = Version(ver)
         except Exception:
             raise rn.error(
                 "is not a PEP 440 release number",
                 expected='a key such as "0.32.0"',
                 fix='key each release by its quoted version number, e.g. `"0.32.0": {jax: "0.11.2"}`',
             ) from None
+        if parsed in seen:
+            raise rn.error(
+                f"release {ver} is listed twice (as {seen[parsed]!r} and {ver!r}, equal as versions)",
+                fix="keep one entry per release",
+            )
+        seen[parsed] = ver
         if not versions.contains(ver, prereleases=True):
             raise rn.error(f"release {ver} lies outside this entry's range {versions}", fix="move it to its range")
         vt = rn.optional("vllm_tpu")

@@ -214,7 +214,7 @@ CASES = [
         "env-bad-name",
         lambda d: d["environments"].update({"a b": d["environments"]["unit"]}),
         "a b",
-        "plain words",
+        "not a valid environment name",
     ),
     (
         "requirements-not-list",

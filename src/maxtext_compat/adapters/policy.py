@@ -91,7 +91,9 @@ def effective_strict(override: bool | None = None) -> bool:
     forced = _override.get("strict")
     if forced is not None:
         return bool(forced)
-    return os.environ.get(STRICT_ENV, "").lower() in ("1", "true", "yes", "on")
+    from maxtext_compat.switches import env_flag
+
+    return env_flag(STRICT_ENV)
 
 
 _INTERNAL = ("maxtext_compat.", "flax.", "jax.", "jax._src", "contextlib", "functools")
