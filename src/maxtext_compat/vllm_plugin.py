@@ -60,14 +60,15 @@ def state() -> PluginState | None:
         return _STATE
 
 
-def model_choice() -> str:
-    value = os.environ.get(MODEL_ENV, "compat").strip().lower() or "compat"
-    if value not in MODEL_CHOICES:
+def model_choice(raw: str | None = None) -> str:
+    raw = os.environ.get(MODEL_ENV, "") if raw is None else raw
+    value = raw.lower() or "compat"
+    if value not in MODEL_CHOICES:  # " maxtext" is refused (not read as the default), like every switch
         raise InvalidArgumentError(
             f"{MODEL_ENV} selects which MaxTextForCausalLM the plugin registers",
             argument=MODEL_ENV,
             expected=f"one of {list(MODEL_CHOICES)}",
-            found=value,
+            found=repr(raw),
             fix=f"unset {MODEL_ENV} to serve maxtext-compat's model",
         )
     return value

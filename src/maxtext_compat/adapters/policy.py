@@ -110,6 +110,16 @@ def _call_site():
     return frame
 
 
+def warn_at_call_site(message: str, category: type[Warning]) -> None:
+    """Warn at the user's line (the first frame outside maxtext-compat, flax and jax), once per line."""
+    frame = _call_site()
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message, category, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__"),
+        registry=registry,
+    )  # fmt: skip
+
+
 def check_old_call(row: MaxTextRow, kind: str, where: str, override: str | None = None) -> None:
     """Apply the deprecation policy to an old-convention call (the caller is two frames up)."""
     dep = row.deprecation

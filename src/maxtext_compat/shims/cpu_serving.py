@@ -109,8 +109,8 @@ def disabled_parts(value: str | None = None) -> tuple[str, ...]:
     return names
 
 
-def cpu_hbm_bytes() -> int:
-    raw = os.environ.get(HBM_ENV, "")
+def cpu_hbm_bytes(value: str | None = None) -> int:
+    raw = os.environ.get(HBM_ENV, "") if value is None else value
     try:
         gb = float(raw) if raw else DEFAULT_CPU_HBM_GB
     except ValueError:
