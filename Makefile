@@ -46,7 +46,7 @@ demo: envs
 	  echo; MAXTEXT_COMPAT_ENV=$$env .envs/$$env/bin/maxtext-compat demo || exit $$?; done
 
 test: envs lint
-	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build
+	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 2
 
 bench: envs
 	$(DEV)/bin/python benchmarks/run_all.py --out build

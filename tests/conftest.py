@@ -43,21 +43,57 @@ def _release_has_a_shim_profile() -> bool:
     return HAS_MAXTEXT and maxtext_profiles.choose(resolve(probe=False)) is not None
 
 
-def _inapplicable(item: pytest.Item) -> bool:
+@functools.cache
+def _matrix_env_names() -> frozenset[str]:
+    from maxtext_compat.matrix import load_matrix
+
+    return frozenset(load_matrix(Path(_TESTS_DIR).parent / "compat_matrix.yaml").environments)
+
+
+def _why_inapplicable(item: pytest.Item) -> str | None:
+    """Why this test does not run in this environment (None: it runs)."""
     envs_marker = item.get_closest_marker("envs")
-    if envs_marker is not None and ENV_NAME not in envs_marker.args:
-        return True
+    if envs_marker is not None:
+        unknown = sorted(set(envs_marker.args) - _matrix_env_names())
+        if unknown or not envs_marker.args:
+            # A typo or a renamed environment would deselect the test everywhere without a word.
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.envs names {unknown or 'no environment'}; expected names from "
+                f"compat_matrix.yaml {sorted(_matrix_env_names())}; fix the marker or the environment's name"
+            )
+        if ENV_NAME not in envs_marker.args:
+            return f"runs only in {', '.join(envs_marker.args)}"
     if item.get_closest_marker("needs_maxtext") is not None and not HAS_MAXTEXT:
-        return True
+        return "needs MaxText"
     if item.get_closest_marker("needs_tpu_inference") is not None and not HAS_TPU_INFERENCE:
-        return True
-    return item.get_closest_marker("needs_shim_profile") is not None and not _release_has_a_shim_profile()
+        return "needs tpu-inference"
+    if item.get_closest_marker("needs_shim_profile") is not None and not _release_has_a_shim_profile():
+        return "needs a release with a shim profile"
+    return None
+
+
+_LEFT_OUT: dict[str, int] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep, drop = [], []
     for item in items:
-        (drop if _inapplicable(item) else keep).append(item)
+        why = _why_inapplicable(item)
+        if why is None:
+            keep.append(item)
+        else:
+            drop.append(item)
+            _LEFT_OUT[why] = _LEFT_OUT.get(why, 0) + 1
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say what this environment left out, so a run outside the matrix is not read as complete."""
+    if not _LEFT_OUT:
+        return
+    where = ENV_NAME or "no matrix environment (MAXTEXT_COMPAT_ENV unset)"
+    terminalreporter.write_line(f"maxtext-compat: in {where}, deselected (they run in other environments):")
+    for why, n in sorted(_LEFT_OUT.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"  {n:5d}  {why}")

@@ -106,10 +106,14 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from maxtext_compat import testmatrix
 
-    results = testmatrix.run_matrix(args.names or None, pytest_args=args.pytest_args, build=not args.no_build)
+    results = testmatrix.run_matrix(
+        args.names or None, pytest_args=args.pytest_args, build=not args.no_build, jobs=args.jobs
+    )
     print()
     print(testmatrix.render_table(results))
     print("report: build/compat-report.md, build/compat-report.json")
+    if args.record_durations:
+        print(f"durations recorded in {testmatrix.record_durations(results)}")
     print(testmatrix.closing_line(results))
     return testmatrix.main_exit_code(results)
 
@@ -118,6 +122,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from maxtext_compat import demo
 
     return demo.run(as_json=args.json, steps=args.steps)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     mx = sub.add_parser("matrix", help="run the test suite inside every environment and write the report")
     mx.add_argument("names", nargs="*")
     mx.add_argument("--no-build", action="store_true")
+    mx.add_argument(
+        "--jobs", type=_positive_int, default=1, help="environments run at once (output to build/logs/ENV.log)"
+    )
+    mx.add_argument(
+        "--record-durations", action="store_true", help="save each passing environment's time (longest run first)"
+    )
     mx.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
     mx.set_defaults(func=_cmd_matrix)
 

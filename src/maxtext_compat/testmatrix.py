@@ -8,13 +8,16 @@ test, as failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,10 +25,15 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from maxtext_compat import envs
-from maxtext_compat.errors import EnvironmentBuildError
+from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import CompatMatrix, load_matrix
 
 ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
+# Seconds each environment's suite took on the reference 2-core machine: the longest start first, so
+# two workers finish together (the same idea as pytest-split's committed .test_durations file).
+DURATIONS_FILE = "tests/env_durations.json"
+# A persistent XLA compilation cache outside the tree (beside uv's cache): a warm rerun skips compiles.
+COMPILE_CACHE_VAR = "MAXTEXT_COMPAT_COMPILE_CACHE"
 
 
 @dataclass
@@ -81,12 +89,20 @@ def run_env(
     build: bool = True,
     report_dir: Path,
     log: Callable[[str], None] = print,
+    output: Path | None = None,
+    build_lock: contextlib.AbstractContextManager[object] | None = None,
 ) -> EnvResult:
+    """Run pytest in one environment; its output goes to `output` (a log file) when given.
+
+    `build_lock` serialises the build step when environments run at once (they share uv's cache and the
+    envs folder); the tests themselves run outside it.
+    """
     spec = matrix.environment(name)
     res = EnvResult(name=name, maxtext=spec.maxtext)
     t0 = time.monotonic()
     try:
-        st = envs.build(spec, log=log) if build else envs.status(spec)
+        with build_lock if build_lock is not None else contextlib.nullcontext():
+            st = envs.build(spec, log=log) if build else envs.status(spec)
         if not st.built:
             raise EnvironmentBuildError(
                 f"environment {name!r} is not built",
@@ -107,9 +123,15 @@ def run_env(
     env.update(spec.env)
     env[ENV_NAME_VAR] = name
     env.pop("VIRTUAL_ENV", None)
+    env.update(compile_cache_env(name))
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
-    log(f"[matrix] {name}: {' '.join(cmd[1:])}")
-    proc = subprocess.run(cmd, cwd=envs.project_root(), env=env, check=False)
+    log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w", encoding="utf-8") if output else contextlib.nullcontext() as fh:
+        proc = subprocess.run(
+            cmd, cwd=envs.project_root(), env=env, check=False, stdout=fh, stderr=subprocess.STDOUT if fh else None
+        )
     res.duration_s = round(time.monotonic() - t0, 1)
     if not junit.exists():
         res.status, res.detail = "failed", f"pytest exited with {proc.returncode} and wrote no report"
@@ -124,6 +146,44 @@ def run_env(
     return res
 
 
+def compile_cache_env(name: str) -> dict[str, str]:
+    """JAX's persistent compilation cache for one environment (off when the variable is set to "")."""
+    root = os.environ.get(COMPILE_CACHE_VAR)
+    if root == "":
+        return {}
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-compat"
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(base / "jax-compile" / name),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
+def expected_durations(path: Path | None = None) -> dict[str, float]:
+    """Recorded seconds per environment (empty when the file is missing or unreadable)."""
+    p = path if path is not None else envs.project_root() / DURATIONS_FILE
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+
+
+def record_durations(results: Sequence[EnvResult], path: Path | None = None) -> Path:
+    """Write the seconds of this run's environments into the durations file (others are kept)."""
+    p = path if path is not None else envs.project_root() / DURATIONS_FILE
+    data = expected_durations(p)
+    data.update({r.name: round(r.duration_s) for r in results if r.status == "ok"})
+    p.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+    return p
+
+
+def schedule(names: Sequence[str], durations: dict[str, float]) -> list[str]:
+    """Longest recorded first (unknown ones first of all: they may be the long ones), else matrix order."""
+    order = {n: i for i, n in enumerate(names)}
+    return sorted(names, key=lambda n: (n in durations, -durations.get(n, 0.0), order[n]))
+
+
 def run_matrix(
     names: Sequence[str] | None = None,
     *,
@@ -132,17 +192,73 @@ def run_matrix(
     build: bool = True,
     report_dir: Path | None = None,
     log: Callable[[str], None] = print,
+    jobs: int = 1,
 ) -> list[EnvResult]:
+    """Run every selected environment; with jobs > 1, that many at once, each logging to build/logs/."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise InvalidArgumentError(
+            "jobs must be >= 1",
+            argument="jobs",
+            expected="a whole number >= 1 (environments run at once)",
+            found=repr(jobs),
+            fix="pass jobs=1 to run environments one after another",
+        )
     m = matrix if matrix is not None else load_matrix()
     out_dir = report_dir if report_dir is not None else envs.project_root() / "build"
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = list(names) if names else list(m.environments)
-    results = []
-    for i, name in enumerate(selected, 1):
-        log(f"[matrix] ({i}/{len(selected)}) environment {name}")
-        results.append(run_env(name, matrix=m, pytest_args=pytest_args, build=build, report_dir=out_dir, log=log))
+    if jobs == 1:
+        results = []
+        for i, name in enumerate(selected, 1):
+            log(f"[matrix] ({i}/{len(selected)}) environment {name}")
+            results.append(run_env(name, matrix=m, pytest_args=pytest_args, build=build, report_dir=out_dir, log=log))
+    else:
+        results = _run_parallel(selected, m, pytest_args, build, out_dir, log, jobs)
     write_reports(results, m, out_dir)
     return results
+
+
+def _run_parallel(
+    selected: list[str],
+    m: CompatMatrix,
+    pytest_args: Sequence[str],
+    build: bool,
+    out_dir: Path,
+    log: Callable[[str], None],
+    jobs: int,
+) -> list[EnvResult]:
+    lock, build_lock = threading.Lock(), threading.Lock()
+
+    def say(msg: str) -> None:
+        with lock:
+            log(msg)
+
+    def one(name: str) -> EnvResult:
+        logfile = out_dir / "logs" / f"{name}.log"
+        say(f"[matrix] {name}: started (output in {logfile})")
+        res = run_env(
+            name,
+            matrix=m,
+            pytest_args=pytest_args,
+            build=build,
+            report_dir=out_dir,
+            log=say,
+            output=logfile,
+            build_lock=build_lock,
+        )
+        say(
+            f"[matrix] {name}: {res.status}, {res.passed} passed, {res.failed + res.errors} failed, "
+            f"{res.skipped} skipped in {res.duration_s:.0f}s"
+        )
+        if not res.ok and logfile.exists():
+            tail = logfile.read_text(encoding="utf-8", errors="replace").splitlines()[-80:]
+            say("\n".join([f"[matrix] {name}: last lines of {logfile}:", *tail]))
+        return res
+
+    order = schedule(selected, expected_durations())
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = dict(zip(order, pool.map(one, order), strict=True))
+    return [done[n] for n in selected]
 
 
 MOCKED_MAXTEXT = "pytest-mock tests against the matrix (no environment installs it)"

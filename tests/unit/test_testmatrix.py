@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from maxtext_compat import envs, testmatrix
+from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,3 +113,106 @@ def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["tpu_inference"] for r in data["mocked_tpu_inference_rows"]] == ranges
     assert "- tpu-inference >=0.11.1,<0.12.0: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
+
+
+def test_schedule_starts_the_longest_recorded_environment_first():
+    names = ["unit", "a", "b", "c"]
+    # c is unknown (may be long: first), then by recorded seconds, ties in matrix order
+    assert testmatrix.schedule(names, {"unit": 100.0, "a": 5.0, "b": 900.0}) == ["c", "b", "unit", "a"]
+    assert testmatrix.schedule(names, {}) == names
+
+
+def test_recorded_durations_are_read_leniently_and_cover_every_real_environment(tmp_path):
+    assert testmatrix.expected_durations(tmp_path / "missing.json") == {}
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    assert testmatrix.expected_durations(bad) == {}
+    recorded = testmatrix.expected_durations(REPO / testmatrix.DURATIONS_FILE)
+    assert set(recorded) == set(load_matrix(REPO / "compat_matrix.yaml").environments)
+
+
+def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch, tmp_path):
+    monkeypatch.setenv(testmatrix.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    env = testmatrix.compile_cache_env("maxtext-0.2.5")
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cc" / "jax-compile" / "maxtext-0.2.5")
+    monkeypatch.setenv(testmatrix.COMPILE_CACHE_VAR, "")
+    assert testmatrix.compile_cache_env("maxtext-0.2.5") == {}
+    monkeypatch.delenv(testmatrix.COMPILE_CACHE_VAR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert testmatrix.compile_cache_env("x")["JAX_COMPILATION_CACHE_DIR"].startswith(str(tmp_path / "xdg"))
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 2.5, True, "2"])
+def test_jobs_must_be_a_positive_whole_number(matrix, tmp_path, jobs):
+    with pytest.raises(InvalidArgumentError, match=r"\[jobs\] jobs must be >= 1.*Found: "):
+        testmatrix.run_matrix(["tiny"], matrix=matrix, report_dir=tmp_path, jobs=jobs, log=lambda _: None)
+
+
+def test_a_build_failure_with_jobs_is_reported_like_without(matrix, tmp_path):
+    # The parallel path must record a broken build per environment, not abort the run.
+    results = testmatrix.run_matrix(
+        ["broken", "tiny"],
+        matrix=matrix,
+        report_dir=tmp_path / "build",
+        pytest_args=["--version"],
+        log=lambda _: None,
+        jobs=2,
+    )
+    broken, tiny = results
+    assert broken.status == "build-failed" and "six" in broken.detail
+    assert tiny.name == "tiny" and tiny.status != "build-failed"
+    assert testmatrix.main_exit_code(results) == 1
+
+
+def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matrix, tmp_path):
+    # Each environment's test waits for the other's to start: it passes only if both run at once.
+    specs = dict(matrix.environments, tiny2=_spec("tiny2", "six==1.17.0"))
+    m = dataclasses.replace(matrix, environments=specs)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (suite / "test_meet.py").write_text(
+        "import os, pathlib, time\n"
+        f"FLAGS = pathlib.Path({str(flags)!r})\n"
+        "def test_meet():\n"
+        "    me = os.environ['MAXTEXT_COMPAT_ENV']\n"
+        "    other = {'tiny': 'tiny2', 'tiny2': 'tiny'}[me]\n"
+        "    (FLAGS / me).write_text('x')\n"
+        "    deadline = time.monotonic() + 120\n"
+        "    while not (FLAGS / other).exists():\n"
+        "        assert time.monotonic() < deadline, 'the other environment never started'\n"
+        "        time.sleep(0.05)\n"
+        "    print('MET', me)\n"
+    )
+    (suite / "test_fail.py").write_text(
+        "import os\n"
+        "def test_only_tiny2_fails():\n"
+        "    assert os.environ['MAXTEXT_COMPAT_ENV'] != 'tiny2', 'FAILS-IN-TINY2'\n"
+    )
+    lines: list[str] = []
+    results = testmatrix.run_matrix(
+        ["tiny", "tiny2"],
+        matrix=m,
+        report_dir=tmp_path / "build",
+        pytest_args=[str(suite), "-q", "-s"],
+        log=lines.append,
+        jobs=2,
+    )
+    assert [r.name for r in results] == ["tiny", "tiny2"]  # report in matrix order whatever finished first
+    assert (results[0].passed, results[0].failed) == (2, 0) and results[0].ok
+    assert (results[1].passed, results[1].failed) == (1, 1) and not results[1].ok
+    for name in ("tiny", "tiny2"):
+        assert f"MET {name}" in (tmp_path / "build" / "logs" / f"{name}.log").read_text()
+    console = "\n".join(lines)
+    assert "FAILS-IN-TINY2" in console  # a failing environment's log tail reaches the console
+    assert "tiny: ok, 2 passed" in console
+
+
+def test_record_durations_keeps_other_environments_and_skips_failed_runs(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text('{"a": 10, "b": 20}')
+    ok = testmatrix.EnvResult(name="b", maxtext=None, passed=1, duration_s=33.4)
+    bad = testmatrix.EnvResult(name="a", maxtext=None, failed=1, duration_s=1.0, status="failed")
+    testmatrix.record_durations([ok, bad], f)
+    assert json.loads(f.read_text()) == {"a": 10, "b": 33}

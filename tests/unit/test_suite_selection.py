@@ -1,0 +1,55 @@
+"""The suite's own environment selection: a marker naming no matrix environment is an error, not a silent drop."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    tests = pytester.mkdir("tests")
+    shutil.copy(REPO / "tests" / "conftest.py", tests / "conftest.py")
+    shutil.copy(REPO / "compat_matrix.yaml", pytester.path / "compat_matrix.yaml")
+    return pytester
+
+
+def _write(p: pytest.Pytester, body: str) -> None:
+    (p.path / "tests" / "test_x.py").write_text("import pytest\n" + body)
+
+
+def test_a_typo_in_an_envs_marker_is_a_usage_error(suite, monkeypatch):
+    monkeypatch.setenv("MAXTEXT_COMPAT_ENV", "unit")
+    _write(suite, "@pytest.mark.envs('maxtext-0.2.55')\ndef test_a(): pass\n")
+    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*mark.envs names*maxtext-0.2.55*expected names from compat_matrix.yaml*"])
+
+
+def test_an_envs_marker_without_names_is_a_usage_error(suite, monkeypatch):
+    monkeypatch.setenv("MAXTEXT_COMPAT_ENV", "unit")
+    _write(suite, "@pytest.mark.envs()\ndef test_a(): pass\n")
+    assert suite.runpytest_subprocess("tests", "-p", "no:cacheprovider").ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_the_run_says_what_it_left_out(suite, monkeypatch):
+    monkeypatch.delenv("MAXTEXT_COMPAT_ENV", raising=False)
+    _write(
+        suite,
+        "@pytest.mark.envs('maxtext-0.2.5', 'maxtext-0.2.4')\ndef test_a(): pass\n"
+        "@pytest.mark.envs('maxtext-0.2.5', 'maxtext-0.2.4')\ndef test_b(): pass\n"
+        "def test_c(): pass\n",
+    )
+    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1, deselected=2)
+    res.stdout.fnmatch_lines(
+        [
+            "*in no matrix environment (MAXTEXT_COMPAT_ENV unset), deselected*",
+            "*2  runs only in maxtext-0.2.5, maxtext-0.2.4",
+        ]
+    )
