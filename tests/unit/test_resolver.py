@@ -187,6 +187,17 @@ def test_commit_pinned_install_resolves_by_source_commit(mocker):
     assert res.maxtext.name == "0.2.2" and res.maxtext_match == "commit"
 
 
+def test_commit_no_row_lists_resolves_by_version_without_crashing(mocker):
+    """Found: rows without source_commit made resolve() (and doctor, wrap, shims, the plugin) raise
+    AttributeError: 'NoneType' object has no attribute 'lower' for a git install at an unlisted commit."""
+    assert any(r.source_commit is None for r in MATRIX.maxtext)  # the rows that crashed the lookup
+    url = {"url": "https://github.com/AI-Hypercomputer/maxtext", "vcs_info": {"vcs": "git", "commit_id": "f" * 40}}
+    _fake_metadata(mocker, {"maxtext": FakeDist("maxtext", "0.2.5", url)})
+    res = resolve(matrix=MATRIX, probe=False)
+    assert res.maxtext.name == "0.2.5" and res.maxtext_match == "exact"
+    assert any("which no row lists" in n for n in res.notes)
+
+
 def test_archive_url_install_carries_the_commit(mocker):
     url = {"url": "https://github.com/AI-Hypercomputer/maxtext/archive/3f36aef23aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.zip",
            "archive_info": {}}  # fmt: skip
