@@ -238,3 +238,19 @@ def test_resolution_as_dict_is_json_ready():
     assert d["maxtext"] == "0.2.5" and d["import_root"] == "maxtext" and d["convention"] == "kv_scan_carry"
     assert d["rpa_call_form"]["form"] == "flat"
     assert d["cpu_shim_verified"] is True
+
+
+def test_wrap_on_an_unknown_release_warns_at_the_callers_line(mocker):
+    """Found: wrap() dropped the UnknownReleaseWarning the README promises (installed_row ignored warnings)."""
+    from maxtext_compat.adapters import wrap
+
+    class Attention:
+        def __call__(self, inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *,
+                     model_mode="train", deterministic=False, kv_cache=None, attention_metadata=None):  # fmt: skip
+            return "OUT", kv_cache
+
+    _fake_metadata(mocker, {"maxtext": FakeDist("maxtext", "0.9.0")})
+    with pytest.warns(UnknownReleaseWarning, match="maxtext 0.9.0 is not in") as seen:
+        adapted = wrap(Attention)
+    assert seen[0].filename == __file__
+    assert adapted._mc_row.name == "0.2.5"  # the nearest row
