@@ -9,6 +9,7 @@ CLI and the test matrix read the same facts.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import importlib
 import os
@@ -35,6 +36,11 @@ CONVENTIONS: tuple[str, ...] = ("legacy", "kv_return", "kv_scan_carry")
 POLICIES: tuple[str, ...] = ("ignore", "warn", "error")
 DECODER_KINDS: tuple[str, ...] = ("linen", "nnx")
 CALL_FORMS: tuple[str, ...] = ("curried", "flat")
+# How a package's `.devN` builds relate to the release they are named for. PEP 440 orders 0.29.0.dev1
+# before 0.29.0 (`before_release`); a nightly uploaded after its named release (tpu-inference's
+# 0.31.0.dev20261006 came 8 h after 0.31.0) has that release's API (`after_release`).
+DEV_BUILD_RELATIONS: tuple[str, ...] = ("after_release", "before_release")
+DEV_BUILD_PACKAGES: tuple[str, ...] = ("maxtext", "tpu_inference")
 
 # The return shapes each layer kind has had; the matrix may only use these spellings.
 RETURN_SHAPES: dict[str, tuple[str, ...]] = {
@@ -203,6 +209,7 @@ class TpiRelease:
     version: str
     jax: str
     vllm_tpu: str | None
+    date: str
 
 
 @dataclass(frozen=True)
@@ -284,6 +291,14 @@ class CompatMatrix:
     tpu_inference: tuple[TpuInferenceRow, ...]
     cpu_shim: CpuShimSpec
     environments: Mapping[str, EnvironmentSpec] = field(default_factory=dict)
+    dev_builds: Mapping[str, str] = field(default_factory=dict)
+
+    def comparable(self, package: str, version: str | Version) -> Version | None:
+        """The version to match rows with: a dev build of an `after_release` package is its named release."""
+        v = as_version(version)
+        if v is not None and v.is_devrelease and self.dev_builds.get(package) == "after_release":
+            return Version(v.base_version)
+        return v
 
     def row(self, release: str | Version) -> MaxTextRow:
         v = Version(str(release))
@@ -301,8 +316,11 @@ class CompatMatrix:
         )
 
     def tpu_inference_row(self, version: str | Version) -> TpuInferenceRow | None:
+        v = self.comparable("tpu_inference", version)
+        if v is None:
+            return None
         for r in self.tpu_inference:
-            if r.contains(version):
+            if r.contains(v):
                 return r
         return None
 
@@ -408,7 +426,7 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
     """Parse matrix YAML text; raises MatrixError naming the key on any problem."""
     doc = Node(safe_load_text(text, path), "", path)
     doc.mapping()
-    doc.only_keys({"schema_version", "maxtext", "tpu_inference", "cpu_shim", "environments"})
+    doc.only_keys({"schema_version", "dev_builds", "maxtext", "tpu_inference", "cpu_shim", "environments"})
     version = doc.child("schema_version").integer()
     if version != SCHEMA_VERSION:
         raise doc.child("schema_version").error(
@@ -451,7 +469,33 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
                 f"or add a `maxtext:` row for release {spec.maxtext}",
             )
         envs[name] = spec
-    return CompatMatrix(version, path, rows, tpi, shim, envs)
+    return CompatMatrix(version, path, rows, tpi, shim, envs, _parse_dev_builds(doc.optional("dev_builds")))
+
+
+def _parse_dev_builds(n: Node | None) -> dict[str, str]:
+    if n is None:
+        return {}
+    n.only_keys(set(DEV_BUILD_PACKAGES))
+    return {key: child.choice(DEV_BUILD_RELATIONS) for key, child in n.items()}
+
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_date(n: Node) -> str:
+    """A calendar date written YYYY-MM-DD (the day the release reached PyPI, UTC)."""
+    text = n.nonempty_string()
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        text = ""
+    if not _ISO_DATE.fullmatch(text):
+        raise n.error(
+            "is not a calendar date",
+            expected='a quoted date such as "2026-10-02"',
+            fix="write the day the release was uploaded to PyPI (UTC) as YYYY-MM-DD, quoted",
+        )
+    return text
 
 
 def _check_unique(values: list[Any], node: Node, what: str) -> None:
@@ -598,7 +642,7 @@ def _parse_row(n: Node) -> MaxTextRow:
     tpi_req = requires.optional("tpu_inference")
     return MaxTextRow(
         release=release,
-        date=n.child("date").nonempty_string(),
+        date=_iso_date(n.child("date")),
         source_commit=None if n.optional("source_commit") is None else n.child("source_commit").nonempty_string(),
         import_root=root,
         convention=convention,
@@ -762,7 +806,7 @@ def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
     out: dict[str, TpiRelease] = {}
     seen: dict[Version, str] = {}
     for ver, rn in n.items():
-        rn.only_keys({"jax", "vllm_tpu"})
+        rn.only_keys({"jax", "vllm_tpu", "date"})
         try:
             parsed = Version(ver)
         except Exception:
@@ -784,6 +828,7 @@ def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
             version=ver,
             jax=rn.child("jax").parsed(lambda s: str(Version(s)), "a jax version"),
             vllm_tpu=None if vt is None else vt.parsed(lambda s: str(Version(s)), "a vllm-tpu version"),
+            date=_iso_date(rn.child("date")),
         )
     if not out:
         raise n.error(

@@ -154,7 +154,8 @@ def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> 
     for row in m.maxtext:
         if row.release == v:
             return row, "exact"
-    if v.is_devrelease or v.local or v.is_postrelease or v.is_prerelease:
+    dev_after = m.comparable("maxtext", v) != v  # a dev build named for the release it follows
+    if dev_after or v.local or v.is_postrelease or (v.is_prerelease and not v.is_devrelease):
         base = Version(v.base_version)
         for row in m.maxtext:
             if row.release == base:
@@ -202,7 +203,7 @@ def _match_tpu_inference(
             notes.append(msg)
         return found, "exact"
     rows = sorted(m.tpu_inference, key=_row_floor)
-    below = [r for r in rows if _row_floor(r) <= v]
+    below = [r for r in rows if _row_floor(r) <= m.comparable("tpu_inference", v)]
     nearest = below[-1] if below else rows[0]
     msg = f"tpu-inference {info.version} is not covered by {m.source}; using the nearest row {nearest.versions}"
     warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
@@ -232,7 +233,7 @@ def _check_pairs(
     checkable = row is not None and row.tpu_inference is not None and tpi_info is not None
     if checkable and tpi_info.parsed not in (None, Version("0.0.0")):
         assert row is not None and row.tpu_inference is not None
-        if not row.tpu_inference.contains(tpi_info.version, prereleases=True):
+        if not row.tpu_inference.contains(m.comparable("tpu_inference", tpi_info.version), prereleases=True):
             raise IncompatibleVersionsError(
                 f"maxtext {row.name} and tpu-inference {tpi_info.version} are incompatible "
                 f"(maxtext {row.name} needs tpu-inference {row.tpu_inference})",
@@ -288,7 +289,8 @@ def _nearest_pairs(m: CompatMatrix, row: MaxTextRow, tpi_version: Version) -> st
     if fitting:
         best = min(fitting, key=lambda v: _distance(v, tpi_version))
         options.append(f"maxtext {row.name} + tpu-inference {best}")
-    rows = [r for r in m.maxtext if r.tpu_inference is not None and r.tpu_inference.contains(str(tpi_version))]
+    tpi_cmp = m.comparable("tpu_inference", tpi_version)
+    rows = [r for r in m.maxtext if r.tpu_inference is not None and r.tpu_inference.contains(tpi_cmp)]
     rows = [r for r in rows if r.has_kv_params]  # a native vLLM path, like the row asked for
     if rows:
         best_row = min(rows, key=lambda r: _distance(r.release, row.release))
