@@ -140,6 +140,10 @@ class Node:
                 fix="remove or rename the key (a typo here would otherwise be ignored silently)",
             )
 
+    def child_at(self, index: int, name: str) -> Node:
+        """`name` of the list element `index` (for errors that point into a list)."""
+        return Node(self.value[index], f"{self.key}[{index}]", self.path).child(name)
+
     def items(self) -> Iterator[tuple[str, Node]]:
         for k, v in self.mapping().items():
             yield k, Node(v, self._join(k), self.path)

@@ -31,7 +31,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         k: v
         for k, v in (("maxtext", args.maxtext), ("tpu-inference", args.tpu_inference), ("vllm", args.vllm),
                      ("jax", args.jax))
-        if v
+        if v is not None  # an empty --maxtext "" is refused by resolve(), not dropped
     }  # fmt: skip
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -61,6 +61,8 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     from maxtext_compat import envs
     from maxtext_compat.matrix import load_matrix
 
+    for name in args.names:  # before anything reads the matrix or touches the envs folder
+        envs.check_env_name(name)
     m = load_matrix()
     if args.action == "build":
         envs.build_all(args.names or None, matrix=m, force=args.force)

@@ -75,7 +75,7 @@ def _would_skip(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
             "fix": "install vllm-tpu matching tpu-inference",
         })  # fmt: skip
     jax = v.get("jax")
-    if jax is not None and "tpu_inference" in v and jax.version not in m.cpu_shim.verified_jax:
+    if jax is not None and "tpu_inference" in v and not m.cpu_shim.jax_verified(jax.version):
         out.append({
             "feature": "CPU shim for the RPA kernel (interpret mode)",
             "reason": f"jax {jax.version} is not in the verified list {list(m.cpu_shim.verified_jax)}",

@@ -4,6 +4,14 @@ Why uv and a spec hash: the real environments hold up to ~10 GB of wheels (vllm-
 torch, CUDA libraries). uv hard-links them from its cache, so a rebuild costs seconds,
 and a hash of the environment's YAML entry (plus the project's own dependencies) tells
 an up-to-date environment (no-op) from one whose spec changed (rebuilt).
+
+Why build beside and swap: a build that fails or is interrupted (Ctrl-C, a kill) must leave
+either the previous environment, whole, or none, never a half-built one that looks built.
+Each build holds a per-environment lock (two builds of one environment wait for each other),
+creates a relocatable venv in a hidden folder beside the target, writes the marker last, and
+swaps it into place by rename, removing the old environment's marker first. Nothing is ever
+deleted outside the envs folder: names are single plain directory names and every deletion
+is checked to lie strictly inside it.
 """
 
 from __future__ import annotations
@@ -15,13 +23,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from maxtext_compat.errors import EnvironmentBuildError
-from maxtext_compat.matrix import CompatMatrix, EnvironmentSpec, load_matrix
+from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
+from maxtext_compat.matrix import ENV_NAME_RULE, CompatMatrix, EnvironmentSpec, load_matrix, valid_env_name
 
 ENVS_DIR_VAR = "MAXTEXT_COMPAT_ENVS_DIR"
 PYTHON_VAR = "MAXTEXT_COMPAT_PYTHON"
@@ -43,11 +53,35 @@ def project_root() -> Path:
 
 def envs_dir() -> Path:
     override = os.environ.get(ENVS_DIR_VAR)
-    return Path(override) if override else project_root() / ".envs"
+    if not override:
+        return project_root() / ".envs"
+    if not override.strip() or "\0" in override:
+        raise InvalidArgumentError(
+            f"{ENVS_DIR_VAR} is not a usable folder name",
+            argument=ENVS_DIR_VAR,
+            expected="the path of the folder that holds the environments",
+            found=repr(override),
+            fix=f"set {ENVS_DIR_VAR} to a folder path, or unset it to use .envs in the checkout",
+        )
+    return Path(override)
+
+
+def check_env_name(name: object) -> str:
+    """`name` if it can name an environment; a typed error otherwise (it becomes a directory name)."""
+    if not valid_env_name(name):
+        raise InvalidArgumentError(
+            "is not a valid environment name",
+            argument="environment name",
+            expected=ENV_NAME_RULE,
+            found=repr(name),
+            fix="pass a name listed by `maxtext-compat envs`, e.g. maxtext-0.2.5",
+        )
+    assert isinstance(name, str)
+    return name
 
 
 def env_path(name: str) -> Path:
-    return envs_dir() / name
+    return envs_dir() / check_env_name(name)
 
 
 def env_python(name: str) -> Path:
@@ -178,21 +212,44 @@ def find_uv() -> list[str]:
 
 
 def build(spec: EnvironmentSpec, *, force: bool = False, log: Callable[[str], None] = print) -> EnvStatus:
-    """Create or refresh one environment; a no-op when it is up to date."""
-    current = status(spec)
-    if current.up_to_date and not force:
-        log(f"[envs] {spec.name}: up to date ({current.path})")
-        return current
-    reason = "forced" if force else ("spec changed" if current.built else "not built")
-    log(f"[envs] {spec.name}: building ({reason}) in {current.path}")
-    t0 = time.monotonic()
-    path = Path(current.path)
-    uv = find_uv()
-    python = find_python(spec.python)
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _run([*uv, "venv", "--quiet", "--python", python, str(path)], spec)
+    """Create or refresh one environment; a no-op when it is up to date.
+
+    Under the environment's lock the status is read again (a build that waited for another one
+    finds it done), then a new environment is built beside the old one and swapped in. On any
+    failure or interrupt the old environment stays as it was and the new one is deleted."""
+    name = check_env_name(spec.name)
+    root = envs_dir()
+    with env_lock(name, log):
+        current = status(spec)
+        if current.up_to_date and not force:
+            log(f"[envs] {name}: up to date ({current.path})")
+            return current
+        path = Path(current.path)
+        _check_replaceable(path, root)
+        _remove_leftovers(name, root)
+        reason = "forced" if force else ("spec changed" if current.built else "not built")
+        log(f"[envs] {name}: building ({reason}) in {current.path}")
+        t0 = time.monotonic()
+        uv = find_uv()
+        python = find_python(spec.python)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=root))
+        try:
+            new = work / "env"
+            _populate(spec, new, uv, python, t0)
+            _check_relocated(new, spec)
+            _swap(new, path, work)
+        finally:
+            _remove_inside(work, root)  # the build folder, and the old environment swapped into it
+    st = status(spec)
+    log(f"[envs] {name}: built in {st.duration_s}s")
+    return st
+
+
+def _populate(spec: EnvironmentSpec, path: Path, uv: list[str], python: str, t0: float) -> None:
+    """A complete environment at `path`: a relocatable venv, the pins, this project, the marker last."""
+    # --relocatable: scripts find their interpreter relative to themselves, so the venv still
+    # works after the rename into place (uv otherwise writes the build path into every shebang).
+    _run([*uv, "venv", "--quiet", "--relocatable", "--python", python, str(path)], spec)
     work = path / "maxtext-compat-spec"
     work.mkdir()
     common = ["--python", str(path / "bin" / "python")]
@@ -211,20 +268,138 @@ def build(spec: EnvironmentSpec, *, force: bool = False, log: Callable[[str], No
         nd.write_text("\n".join(spec.no_deps) + "\n", encoding="utf-8")
         _run([*uv, "pip", "install", *common, "--no-deps", "-r", str(nd)], spec)
     _run([*uv, "pip", "install", *common, "-e", f"{project_root()}[test]"], spec)
-    duration = round(time.monotonic() - t0, 1)
+    write_marker(path, spec, python, t0)
+
+
+def write_marker(path: Path, spec: EnvironmentSpec, python: str, t0: float) -> None:
+    """The marker that says `path` holds `spec`, complete (written atomically, as the last step)."""
     marker = {
         "name": spec.name,
         "spec_hash": spec_hash(spec),
         "spec": spec.as_dict(),
         "python": python,
-        "duration_s": duration,
+        "duration_s": round(time.monotonic() - t0, 1),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "relocatable": True,
     }
     tmp = path / (MARKER + ".tmp")
     tmp.write_text(json.dumps(marker, indent=2), encoding="utf-8")
     tmp.replace(path / MARKER)  # written last: a half-built environment has no marker
-    log(f"[envs] {spec.name}: built in {duration}s")
-    return status(spec)
+
+
+def _check_relocated(path: Path, spec: EnvironmentSpec) -> None:
+    """No script in bin/ names the build folder (it would break once the folder is renamed)."""
+    needle = str(path).encode()
+    for f in sorted((path / "bin").iterdir()):
+        if f.is_file() and not f.is_symlink():
+            with f.open("rb") as fh:
+                head = fh.read(4096)
+            if needle in head:
+                raise EnvironmentBuildError(
+                    f"building environment {spec.name!r}: {f.name} hard-codes the build folder",
+                    argument="uv",
+                    expected="a relocatable venv (`uv venv --relocatable`)",
+                    found=f"{f} refers to {path}",
+                    fix="upgrade uv (the Makefile pins a version that writes relocatable scripts)",
+                )
+
+
+# Indirection for fault-injection tests (a failure between the two renames of a swap).
+_rename = os.rename
+
+
+def _swap(new: Path, path: Path, work: Path) -> None:
+    """Put `new` at `path`; the old environment (if any) goes into `work`, its marker removed first.
+
+    Whatever point a kill interrupts this at, `path` is either the old environment without a
+    marker (not built), absent (not built), or the new environment with its marker (built)."""
+    if path.exists() or path.is_symlink():
+        (path / MARKER).unlink(missing_ok=True)
+        _rename(path, work / "old")
+    _rename(new, path)
+
+
+def _check_replaceable(path: Path, root: Path) -> None:
+    """An existing folder at `path` must be an environment (ours, or a venv), strictly inside `root`."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    _inside(path, root)
+    if not ((path / MARKER).is_file() or (path / "pyvenv.cfg").is_file()):
+        raise EnvironmentBuildError(
+            f"{path} exists and is not an environment, so it is not replaced",
+            argument="environment name",
+            expected=f"a folder built by maxtext-compat (with {MARKER}) or a venv (with pyvenv.cfg), or nothing",
+            found=f"{path} without either",
+            fix=f"move or delete {path} yourself, or rename the environment",
+        )
+
+
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.build-[a-z0-9_]{8}")
+
+
+def _remove_leftovers(name: str, root: Path) -> None:
+    """Build folders of this environment left by a killed build (the caller holds the lock)."""
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        m = _LEFTOVER.fullmatch(p.name)
+        if m and m["name"] == name and p.is_dir() and not p.is_symlink():
+            _remove_inside(p, root)
+
+
+def _inside(path: Path, root: Path) -> Path:
+    """`path`, checked to be a real directory entry directly inside `root` (symlinks resolved)."""
+    real_root = Path(os.path.realpath(root))
+    if path.is_symlink():
+        raise EnvironmentBuildError(
+            f"{path} is a symbolic link; maxtext-compat only replaces folders it built",
+            argument="environment name",
+            expected=f"a folder directly inside {real_root}",
+            found=f"{path} -> {os.readlink(path)}",
+            fix=f"remove the link {path} yourself (its target is left alone)",
+        )
+    real = Path(os.path.realpath(path))
+    if real.parent != real_root or real.name in ("", ".", ".."):
+        raise EnvironmentBuildError(
+            f"refusing to delete {real}: it is not strictly inside the envs folder",
+            argument="environment name",
+            expected=f"a folder directly inside {real_root}",
+            found=str(real),
+            fix=f"use a plain environment name ({ENV_NAME_RULE})",
+        )
+    return real
+
+
+def _remove_inside(path: Path, root: Path) -> None:
+    """Delete the folder `path`, which must lie strictly inside `root`; nothing else is ever deleted."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    shutil.rmtree(_inside(path, root))
+
+
+@contextmanager
+def env_lock(name: str, log: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold the per-environment build lock (an flock on `.NAME.lock` beside the environment).
+
+    The lock file is never deleted (deleting lock files races); the kernel releases the lock when
+    the holder exits, however it exits."""
+    import fcntl
+
+    root = envs_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / f".{check_env_name(name)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            log(f"[envs] {name}: waiting for another build of it (pid {holder})")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 _NOISE = re.compile(r"maxtext 0\.1\.0 requires|^\s*$")

@@ -8,9 +8,12 @@ CLI and the test matrix read the same facts.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import functools
 import importlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,6 +26,7 @@ from packaging.version import Version
 
 from maxtext_compat._yaml_reader import Node, safe_load_text
 from maxtext_compat.errors import MatrixError
+from maxtext_compat.versions import as_version, version_in
 
 SCHEMA_VERSION = 1
 MATRIX_ENV_VAR = "MAXTEXT_COMPAT_MATRIX"
@@ -32,6 +36,11 @@ CONVENTIONS: tuple[str, ...] = ("legacy", "kv_return", "kv_scan_carry")
 POLICIES: tuple[str, ...] = ("ignore", "warn", "error")
 DECODER_KINDS: tuple[str, ...] = ("linen", "nnx")
 CALL_FORMS: tuple[str, ...] = ("curried", "flat")
+# How a package's `.devN` builds relate to the release they are named for. PEP 440 orders 0.29.0.dev1
+# before 0.29.0 (`before_release`); a nightly uploaded after its named release (tpu-inference's
+# 0.31.0.dev20261006 came 8 h after 0.31.0) has that release's API (`after_release`).
+DEV_BUILD_RELATIONS: tuple[str, ...] = ("after_release", "before_release")
+DEV_BUILD_PACKAGES: tuple[str, ...] = ("maxtext", "tpu_inference")
 
 # The return shapes each layer kind has had; the matrix may only use these spellings.
 RETURN_SHAPES: dict[str, tuple[str, ...]] = {
@@ -61,6 +70,10 @@ CLASS_KEYS: tuple[str, ...] = (
     "transformer_linen",
 )
 FAMILIES: tuple[str, ...] = ("default", "llama2", "qwen3", "gemma3")
+# An environment's name is a directory under the envs folder, built and deleted by `envs build`:
+# one path component, ASCII, starting with a letter or digit (so never `.`, `..`, hidden or empty).
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_NAME_RULE = "1-64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 @dataclass(frozen=True)
@@ -196,6 +209,7 @@ class TpiRelease:
     version: str
     jax: str
     vllm_tpu: str | None
+    date: str
 
 
 @dataclass(frozen=True)
@@ -213,6 +227,16 @@ class TpuInferenceRow:
     def contains(self, version: str | Version) -> bool:
         return self.versions.contains(str(version), prereleases=True)
 
+    def release(self, version: str | Version) -> TpiRelease | None:
+        """The listed release equal to `version` as a version (0.32 is 0.32.0), else None."""
+        v = as_version(version)
+        if v is None:
+            return None
+        for key, rel in self.releases.items():
+            if Version(key) == v:
+                return rel
+        return None
+
     @property
     def label(self) -> str:
         """The range as people write it, lower bound first (`>=0.11.1,<0.12.0`)."""
@@ -223,6 +247,10 @@ class TpuInferenceRow:
 class CpuShimSpec:
     verified_jax: tuple[str, ...]
     verified_tpu_inference: tuple[str, ...]
+
+    def jax_verified(self, version: str | Version) -> bool:
+        """Whether the CPU shim was verified on this jax (compared as versions: 0.11.2 == 0.11.2.0)."""
+        return version_in(version, self.verified_jax)
 
 
 @dataclass(frozen=True)
@@ -263,6 +291,14 @@ class CompatMatrix:
     tpu_inference: tuple[TpuInferenceRow, ...]
     cpu_shim: CpuShimSpec
     environments: Mapping[str, EnvironmentSpec] = field(default_factory=dict)
+    dev_builds: Mapping[str, str] = field(default_factory=dict)
+
+    def comparable(self, package: str, version: str | Version) -> Version | None:
+        """The version to match rows with: a dev build of an `after_release` package is its named release."""
+        v = as_version(version)
+        if v is not None and v.is_devrelease and self.dev_builds.get(package) == "after_release":
+            return Version(v.base_version)
+        return v
 
     def row(self, release: str | Version) -> MaxTextRow:
         v = Version(str(release))
@@ -280,8 +316,11 @@ class CompatMatrix:
         )
 
     def tpu_inference_row(self, version: str | Version) -> TpuInferenceRow | None:
+        v = self.comparable("tpu_inference", version)
+        if v is None:
+            return None
         for r in self.tpu_inference:
-            if r.contains(version):
+            if r.contains(v):
                 return r
         return None
 
@@ -315,24 +354,69 @@ def default_matrix_path() -> Path:
     return repo_copy
 
 
+MAX_MATRIX_BYTES = 1 << 20  # 1 MiB; the shipped matrix is ~30 kB (a bigger file is no matrix, and slow to parse)
+
+
 def load_matrix(path: str | os.PathLike[str] | None = None) -> CompatMatrix:
-    """Load and validate a matrix file (cached per path and modification time)."""
+    """Load and validate a matrix file (cached per path, modification time and size).
+
+    Only a regular file of at most MAX_MATRIX_BYTES is read: a FIFO, a device (/dev/zero) or a
+    directory would otherwise hang every command or exhaust memory."""
     p = Path(path) if path is not None else default_matrix_path()
     try:
-        stat = p.stat()
-    except OSError:
+        st = p.stat()
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
         raise MatrixError(
             "compat matrix file not found",
             path=str(p),
             fix=f"set {MATRIX_ENV_VAR} to an existing file, or reinstall maxtext-compat",
         ) from None
-    return _load_cached(str(p), stat.st_mtime_ns, stat.st_size)
+    _check_regular(str(p), st)
+    return _load_cached(str(p), st.st_mtime_ns, st.st_size)
+
+
+def _check_regular(path: str, st: os.stat_result) -> None:
+    import stat as stat_mod
+
+    if not stat_mod.S_ISREG(st.st_mode):
+        kind = (
+            "a directory" if stat_mod.S_ISDIR(st.st_mode)
+            else "a FIFO" if stat_mod.S_ISFIFO(st.st_mode)
+            else "a device" if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode)
+            else "a socket" if stat_mod.S_ISSOCK(st.st_mode)
+            else "not a regular file"
+        )  # fmt: skip
+        raise MatrixError(
+            "the compat matrix must be a regular file",
+            path=path,
+            expected="a YAML file",
+            found=kind,
+            fix=f"point {MATRIX_ENV_VAR} at a compat_matrix.yaml file",
+        )
+    _check_size(path, st.st_size)
+
+
+def _check_size(path: str, size: int) -> None:
+    if size > MAX_MATRIX_BYTES:
+        raise MatrixError(
+            "the compat matrix file is too large",
+            path=path,
+            expected=f"at most {MAX_MATRIX_BYTES} bytes",
+            found=f"{size} bytes or more",
+            fix=f"point {MATRIX_ENV_VAR} at a compat_matrix.yaml file",
+        )
 
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(path: str, _mtime: int, _size: int) -> CompatMatrix:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # O_NONBLOCK: if the path became a FIFO since stat(), open() must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            _check_regular(path, os.fstat(f.fileno()))
+            data = f.read(MAX_MATRIX_BYTES + 1)
+        _check_size(path, len(data))  # it may have grown since stat()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MatrixError(f"cannot read the file: {exc}", path=path, fix="check the file") from None
     return parse_matrix(text, path)
@@ -342,7 +426,7 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
     """Parse matrix YAML text; raises MatrixError naming the key on any problem."""
     doc = Node(safe_load_text(text, path), "", path)
     doc.mapping()
-    doc.only_keys({"schema_version", "maxtext", "tpu_inference", "cpu_shim", "environments"})
+    doc.only_keys({"schema_version", "dev_builds", "maxtext", "tpu_inference", "cpu_shim", "environments"})
     version = doc.child("schema_version").integer()
     if version != SCHEMA_VERSION:
         raise doc.child("schema_version").error(
@@ -357,58 +441,142 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
             expected="a non-empty list",
             fix="add a row per MaxText release under `maxtext:` (copy a row of the shipped compat_matrix.yaml)",
         )
-    _check_unique([r.name for r in rows], doc.child("maxtext"), "release")
+    _check_unique([r.release for r in rows], doc.child("maxtext"), "release")
     tpi = tuple(_parse_tpi(n) for n in doc.child("tpu_inference").elements())
     _check_disjoint(tpi, doc.child("tpu_inference"))
     shim = _parse_cpu_shim(doc.child("cpu_shim"))
     envs_node = doc.child("environments")
     envs: dict[str, EnvironmentSpec] = {}
-    releases = {r.name for r in rows}
+    releases = {r.release: r.name for r in rows}
+    folded: dict[str, str] = {}
     for name, n in envs_node.items():
         spec = _parse_env(name, n, envs)
-        if spec.maxtext is not None and spec.maxtext not in releases:
+        mt_version = None if spec.maxtext is None else Version(spec.maxtext)
+        if mt_version in releases and spec.maxtext != releases[mt_version]:  # 0.2.5.0 is row 0.2.5
+            spec = dataclasses.replace(spec, maxtext=releases[mt_version])
+        if name.lower() in folded:  # one directory on a case-insensitive file system (macOS)
+            raise n.error(
+                f"differs from environment {folded[name.lower()]!r} only in letter case",
+                fix="give every environment a name that differs in more than letter case",
+            )
+        folded[name.lower()] = name
+        if mt_version is not None and mt_version not in releases:
+            names = [releases[v] for v in sorted(releases)]
             raise n.child("maxtext").error(
                 "names a MaxText release without a row",
-                expected=f"one of {sorted(releases)} or null",
-                fix=f"set `{n.key}.maxtext` to one of {sorted(releases)} (null for no MaxText), "
+                expected=f"one of {names} or null",
+                fix=f"set `{n.key}.maxtext` to one of {names} (null for no MaxText), "
                 f"or add a `maxtext:` row for release {spec.maxtext}",
             )
         envs[name] = spec
-    return CompatMatrix(version, path, rows, tpi, shim, envs)
+    return CompatMatrix(version, path, rows, tpi, shim, envs, _parse_dev_builds(doc.optional("dev_builds")))
 
 
-def _check_unique(names: list[str], node: Node, what: str) -> None:
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise node.error(f"lists {what} {n!r} twice", fix=f"keep one entry per {what}")
-        seen.add(n)
+def _parse_dev_builds(n: Node | None) -> dict[str, str]:
+    if n is None:
+        return {}
+    n.only_keys(set(DEV_BUILD_PACKAGES))
+    return {key: child.choice(DEV_BUILD_RELATIONS) for key, child in n.items()}
+
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_date(n: Node) -> str:
+    """A calendar date written YYYY-MM-DD (the day the release reached PyPI, UTC)."""
+    text = n.nonempty_string()
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        text = ""
+    if not _ISO_DATE.fullmatch(text):
+        raise n.error(
+            "is not a calendar date",
+            expected='a quoted date such as "2026-10-02"',
+            fix="write the day the release was uploaded to PyPI (UTC) as YYYY-MM-DD, quoted",
+        )
+    return text
+
+
+def _check_unique(values: list[Any], node: Node, what: str) -> None:
+    """Values must differ (versions compare as versions: 0.2.5 and 0.2.5.0 are one release)."""
+    seen: dict[Any, Any] = {}
+    for v in values:
+        if v in seen:
+            same = f"{seen[v]!s} and {v!s}" if str(seen[v]) != str(v) else f"{v!s}"
+            raise node.error(f"lists {what} {same} twice (equal as versions)", fix=f"keep one entry per {what}")
+        seen[v] = v
+
+
+# The operators a tpu_inference range may use: each range is then one interval of versions, and
+# the rows can be checked for overlap exactly, by sorting them and sweeping once (n log n).
+_RANGE_OPS = (">=", ">", "<=", "<", "==")
+
+
+@dataclass(frozen=True)
+class _Interval:
+    lo: Version | None  # None: unbounded
+    lo_incl: bool
+    hi: Version | None
+    hi_incl: bool
+
+
+def _interval(versions: SpecifierSet, node: Node) -> _Interval:
+    lo: Version | None = None
+    hi: Version | None = None
+    lo_incl = hi_incl = False
+    for spec in versions:
+        if spec.operator not in _RANGE_OPS or spec.version.endswith(".*"):
+            raise node.error(
+                f"uses {spec}, which is not a plain bound",
+                expected=f"bounds with {', '.join(_RANGE_OPS)} (no wildcards, ~=, != or ===), e.g. >=0.31.0,<0.33.0",
+                fix="write the range as a lower and an upper bound",
+            )
+        v = Version(spec.version)
+        if spec.operator in (">=", ">", "=="):
+            incl = spec.operator != ">"
+            if lo is None or v > lo or (v == lo and not incl):
+                lo, lo_incl = v, incl
+        if spec.operator in ("<=", "<", "=="):
+            incl = spec.operator != "<"
+            if hi is None or v < hi or (v == hi and not incl):
+                hi, hi_incl = v, incl
+    if lo is not None and hi is not None and (lo > hi or (lo == hi and not (lo_incl and hi_incl))):
+        raise node.error(
+            f"the range {versions} contains no version",
+            expected="a lower bound below the upper bound",
+            fix="correct the bounds",
+        )
+    return _Interval(lo, lo_incl, hi, hi_incl)
 
 
 def _check_disjoint(rows: tuple[TpuInferenceRow, ...], node: Node) -> None:
-    bounds = {Version(s.version) for r in rows for s in r.versions if _is_version(s.version)}
-    # Probe each boundary and just past it: two overlapping intervals always share such a point.
-    probes = sorted(bounds | {_just_after(b) for b in bounds})
-    for v in probes:
-        hits = [str(r.versions) for r in rows if r.contains(v)]
-        if len(hits) > 1:
-            raise node.error(
-                f"version ranges overlap at {v}: {hits}",
-                fix="make the tpu_inference `versions` ranges disjoint",
+    """No version may fall in two rows: sort the intervals by lower bound, sweep keeping the highest end."""
+    spans = [(_interval(r.versions, node.child_at(i, "versions")), i) for i, r in enumerate(rows)]
+
+    def start(item: tuple[_Interval, int]) -> tuple[int, Version, int]:
+        iv = item[0]
+        return (0, Version("0"), 0) if iv.lo is None else (1, iv.lo, 0 if iv.lo_incl else 1)
+
+    spans.sort(key=start)
+    reach: tuple[_Interval, int] | None = None  # the interval seen so far that ends highest
+    for iv, i in spans:
+        if reach is not None:
+            end = reach[0]
+            overlap = (
+                end.hi is None or iv.lo is None or iv.lo < end.hi or (iv.lo == end.hi and iv.lo_incl and end.hi_incl)
             )
-
-
-def _just_after(v: Version) -> Version:
-    release = v.release + (0,) * (3 - len(v.release))
-    return Version(".".join(map(str, (*release, 1))))
-
-
-def _is_version(text: str) -> bool:
-    try:
-        Version(text)
-    except Exception:
-        return False
-    return True
+            if overlap:
+                j = reach[1]
+                raise node.error(
+                    f"version ranges overlap: tpu_inference[{j}] {rows[j].versions} and "
+                    f"tpu_inference[{i}] {rows[i].versions}",
+                    fix="make the tpu_inference `versions` ranges disjoint",
+                )
+            if iv.hi is None or (iv.hi, iv.hi_incl) > (end.hi, end.hi_incl):
+                reach = (iv, i)
+        else:
+            reach = (iv, i)
 
 
 _ROW_KEYS = {
@@ -474,7 +642,7 @@ def _parse_row(n: Node) -> MaxTextRow:
     tpi_req = requires.optional("tpu_inference")
     return MaxTextRow(
         release=release,
-        date=n.child("date").nonempty_string(),
+        date=_iso_date(n.child("date")),
         source_commit=None if n.optional("source_commit") is None else n.child("source_commit").nonempty_string(),
         import_root=root,
         convention=convention,
@@ -580,6 +748,7 @@ def _parse_defect(n: Node) -> KnownDefect:
 def _parse_tpi(n: Node) -> TpuInferenceRow:
     n.only_keys({"versions", "releases", "rpa", "metadata", "model_return_arity", "block_sizes", "notes"})
     versions = n.child("versions").parsed(SpecifierSet, "a version specifier")
+    _interval(versions, n.child("versions"))  # plain bounds, not empty
     rpa = n.child("rpa")
     rpa.only_keys({"module", "function", "call_form", "factory_params", "params", "optional_kwargs", "returns"})
     form = rpa.child("call_form").choice(CALL_FORMS)
@@ -635,16 +804,23 @@ def _parse_tpi(n: Node) -> TpuInferenceRow:
 
 def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
     out: dict[str, TpiRelease] = {}
+    seen: dict[Version, str] = {}
     for ver, rn in n.items():
-        rn.only_keys({"jax", "vllm_tpu"})
+        rn.only_keys({"jax", "vllm_tpu", "date"})
         try:
-            Version(ver)
+            parsed = Version(ver)
         except Exception:
             raise rn.error(
                 "is not a PEP 440 release number",
                 expected='a key such as "0.32.0"',
                 fix='key each release by its quoted version number, e.g. `"0.32.0": {jax: "0.11.2"}`',
             ) from None
+        if parsed in seen:
+            raise rn.error(
+                f"release {ver} is listed twice (as {seen[parsed]!r} and {ver!r}, equal as versions)",
+                fix="keep one entry per release",
+            )
+        seen[parsed] = ver
         if not versions.contains(ver, prereleases=True):
             raise rn.error(f"release {ver} lies outside this entry's range {versions}", fix="move it to its range")
         vt = rn.optional("vllm_tpu")
@@ -652,6 +828,7 @@ def _parse_releases(n: Node, versions: SpecifierSet) -> dict[str, TpiRelease]:
             version=ver,
             jax=rn.child("jax").parsed(lambda s: str(Version(s)), "a jax version"),
             vllm_tpu=None if vt is None else vt.parsed(lambda s: str(Version(s)), "a vllm-tpu version"),
+            date=_iso_date(rn.child("date")),
         )
     if not out:
         raise n.error(
@@ -679,10 +856,14 @@ def _parse_env(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> En
         "description", "python", "maxtext", "like", "requirements", "extra_requirements", "no_deps", "overrides",
         "exclude_newer", "env", "serving",
     })  # fmt: skip
-    if not name or any(c in name for c in "/\\ "):
-        raise n.error(
-            "environment names must be plain words (used as a directory name)",
-            fix="rename the environment to a non-empty name without '/', '\\' or spaces, e.g. `maxtext-0.2.5`",
+    if not valid_env_name(name):
+        raise MatrixError(
+            "is not a valid environment name (it is the name of a directory that `envs build` replaces)",
+            path=n.path,
+            key=n.key,
+            expected=ENV_NAME_RULE,
+            found=repr(name),
+            fix="rename the environment, e.g. `maxtext-0.2.5`",
         )
     mt = n.optional("maxtext")
     maxtext = None if mt is None else mt.parsed(lambda s: str(Version(s)), "a MaxText release")
@@ -715,6 +896,11 @@ def _parse_env(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> En
         env=env_node.string_map() if env_node is not None else (dict(base.env) if base else {}),
         serving=n.child("serving").boolean() if n.optional("serving") else (base.serving if base else False),
     )
+
+
+def valid_env_name(name: object) -> bool:
+    """Whether `name` may name an environment (a single, plain directory name under the envs folder)."""
+    return isinstance(name, str) and ENV_NAME_PATTERN.fullmatch(name) is not None
 
 
 def _like(n: Node, earlier: Mapping[str, EnvironmentSpec], maxtext: str | None) -> EnvironmentSpec | None:

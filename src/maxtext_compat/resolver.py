@@ -8,6 +8,7 @@ both versions and the nearest pairs that do work.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from maxtext_compat.errors import (
     ResolutionError,
     UnknownReleaseWarning,
 )
-from maxtext_compat.matrix import CompatMatrix, MaxTextRow, TpuInferenceRow, load_matrix
+from maxtext_compat.matrix import CompatMatrix, MaxTextRow, TpiRelease, TpuInferenceRow, load_matrix
 from maxtext_compat.probes import ProbeReport, probe_static
 from maxtext_compat.versions import DistInfo, hypothetical_versions, installed_versions
 
@@ -49,7 +50,7 @@ class Resolution:
         jax = self.versions.get("jax")
         if jax is None or self.matrix is None:
             return None
-        return jax.version in self.matrix.cpu_shim.verified_jax
+        return self.matrix.cpu_shim.jax_verified(jax.version)
 
     def rpa_call_form(self) -> dict[str, Any] | None:
         if self.tpu_inference is None:
@@ -129,12 +130,18 @@ def resolve(
 def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> tuple[MaxTextRow | None, str]:
     if info is None:
         return None, "absent"
-    if info.commit:
+    commit = (info.commit or "").lower()
+    if commit and not _COMMIT.fullmatch(commit):
+        notes.append(f"maxtext direct_url.json names commit {info.commit!r}, which is no git commit id: ignored")
+    elif commit:
         for row in m.maxtext:
+            if row.source_commit is None:  # rows without a known commit cannot match one
+                continue
             c = row.source_commit.lower()
-            if info.commit.lower().startswith(c) or c.startswith(info.commit.lower()):
+            if commit.startswith(c) or c.startswith(commit):
                 notes.append(f"maxtext installed from commit {info.commit[:12]}: matched row {row.name} by commit")
                 return row, "commit"
+        notes.append(f"maxtext installed from commit {info.commit[:12]}, which no row lists: matching its version")
     v = info.parsed
     if v is None:
         raise ResolutionError(
@@ -147,7 +154,8 @@ def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> 
     for row in m.maxtext:
         if row.release == v:
             return row, "exact"
-    if v.is_devrelease or v.local or v.is_postrelease or v.is_prerelease:
+    dev_after = m.comparable("maxtext", v) != v  # a dev build named for the release it follows
+    if dev_after or v.local or v.is_postrelease or (v.is_prerelease and not v.is_devrelease):
         base = Version(v.base_version)
         for row in m.maxtext:
             if row.release == base:
@@ -163,6 +171,9 @@ def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> 
     warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
     notes.append(msg)
     return nearest, "nearest"
+
+
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")  # abbreviated (>= 7, as git prints them) or full SHA-1
 
 
 def _match_tpu_inference(
@@ -183,14 +194,26 @@ def _match_tpu_inference(
         return row, "nearest"
     found = m.tpu_inference_row(v)
     if found is not None:
+        if _release_of(found, v) is None:
+            msg = (
+                f"tpu-inference {info.version} is in the range {found.label} of {m.source} but is no release it "
+                f"lists ({', '.join(found.releases)}): the jax and vllm-tpu it pins are not checked"
+            )
+            warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+            notes.append(msg)
         return found, "exact"
     rows = sorted(m.tpu_inference, key=_row_floor)
-    below = [r for r in rows if _row_floor(r) <= v]
+    below = [r for r in rows if _row_floor(r) <= m.comparable("tpu_inference", v)]
     nearest = below[-1] if below else rows[0]
     msg = f"tpu-inference {info.version} is not covered by {m.source}; using the nearest row {nearest.versions}"
     warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
     notes.append(msg)
     return nearest, "nearest"
+
+
+def _release_of(row: TpuInferenceRow, v: Version) -> TpiRelease | None:
+    """The row's release for `v`; a local build (0.32.0+abc) has the pins of its public release."""
+    return row.release(v) or (row.release(v.public) if v.local else None)
 
 
 def _row_floor(row: TpuInferenceRow) -> Version:
@@ -210,7 +233,7 @@ def _check_pairs(
     checkable = row is not None and row.tpu_inference is not None and tpi_info is not None
     if checkable and tpi_info.parsed not in (None, Version("0.0.0")):
         assert row is not None and row.tpu_inference is not None
-        if not row.tpu_inference.contains(tpi_info.version, prereleases=True):
+        if not row.tpu_inference.contains(m.comparable("tpu_inference", tpi_info.version), prereleases=True):
             raise IncompatibleVersionsError(
                 f"maxtext {row.name} and tpu-inference {tpi_info.version} are incompatible "
                 f"(maxtext {row.name} needs tpu-inference {row.tpu_inference})",
@@ -219,10 +242,14 @@ def _check_pairs(
                 found=f"maxtext {row.name} + tpu-inference {tpi_info.version}",
                 fix="use one of the nearest compatible pairs: " + _nearest_pairs(m, row, tpi_info.parsed),
             )
-    rel = None if tpi is None or tpi_info is None else tpi.releases.get(tpi_info.version)
+    tpi_v = None if tpi_info is None else tpi_info.parsed
+    rel = None if tpi is None or tpi_v is None else _release_of(tpi, tpi_v)
     jax = infos.get("jax")
     if rel is not None and jax is not None and jax.parsed is not None and jax.parsed != Version(rel.jax):
-        same_jax = sorted(r.version for row in m.tpu_inference for r in row.releases.values() if r.jax == jax.version)
+        same_jax = sorted(
+            (r.version for row in m.tpu_inference for r in row.releases.values() if Version(r.jax) == jax.parsed),
+            key=Version,
+        )
         alt = f" or tpu-inference {same_jax[-1]}, which pins jax {jax.version}" if same_jax else ""
         raise IncompatibleVersionsError(
             f"tpu-inference {rel.version} and jax {jax.version} are incompatible (tpu-inference {rel.version} "
@@ -239,10 +266,10 @@ def _check_pairs(
         and vllm.parsed is not None
         and vllm.name.lower() in ("vllm-tpu", "vllm_tpu")
     ):
-        pairs = {r.vllm_tpu: r.version for row in m.tpu_inference for r in row.releases.values() if r.vllm_tpu}
-        if rel.vllm_tpu != vllm.version:
+        pairs = {Version(r.vllm_tpu): r.version for row in m.tpu_inference for r in row.releases.values() if r.vllm_tpu}
+        if rel.vllm_tpu is None or Version(rel.vllm_tpu) != vllm.parsed:
             want = rel.vllm_tpu or "none (no vllm-tpu release pins it)"
-            other = pairs.get(vllm.version)
+            other = pairs.get(vllm.parsed)
             raise IncompatibleVersionsError(
                 f"tpu-inference {rel.version} and vllm-tpu {vllm.version} are incompatible "
                 f"(vllm-tpu pins its tpu-inference exactly)",
@@ -262,7 +289,8 @@ def _nearest_pairs(m: CompatMatrix, row: MaxTextRow, tpi_version: Version) -> st
     if fitting:
         best = min(fitting, key=lambda v: _distance(v, tpi_version))
         options.append(f"maxtext {row.name} + tpu-inference {best}")
-    rows = [r for r in m.maxtext if r.tpu_inference is not None and r.tpu_inference.contains(str(tpi_version))]
+    tpi_cmp = m.comparable("tpu_inference", tpi_version)
+    rows = [r for r in m.maxtext if r.tpu_inference is not None and r.tpu_inference.contains(tpi_cmp)]
     rows = [r for r in rows if r.has_kv_params]  # a native vLLM path, like the row asked for
     if rows:
         best_row = min(rows, key=lambda r: _distance(r.release, row.release))

@@ -2,7 +2,7 @@
 
 Why: tpu-inference changed `sharded_ragged_paged_attention` from a curried factory in
 `layers.jax` (0.11.x) to a flat function in `layers.common` (0.12+) and then kept adding
-keyword arguments (update_kv_cache 0.22.1, use_causal_mask 0.25, attn_logits_soft_cap 0.27).
+keyword arguments (update_kv_cache 0.22.0, use_causal_mask 0.25, attn_logits_soft_cap 0.27).
 The compat matrix records each form; this module reads the row of the installed release,
 validates the inputs before the kernel sees them, and makes exactly the call that release
 accepts. Asking for a feature the release lacks is a typed error naming the release and the

@@ -87,12 +87,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _flag_value(args: Sequence[str], *names: str) -> str | None:
-    """The value of the last occurrence of a flag in `args` (`--f v` or `--f=v`), else None."""
+    """The value of the last occurrence of a flag in `args` (`--f v` or `--f=v`), else None.
+
+    A flag given last, without its value, is an error (vLLM would fail on it after start-up)."""
     value = None
     for i, a in enumerate(args):
         for n in names:
             if a == n and i + 1 < len(args):
                 value = args[i + 1]
+            elif a == n:
+                raise InvalidArgumentError(
+                    f"{n} is given without a value",
+                    argument=n,
+                    expected=f"{n} VALUE",
+                    found=f"{n} as the last argument",
+                    fix=f"pass a value after {n}, or drop the flag",
+                )
             elif a.startswith(n + "="):
                 value = a.split("=", 1)[1]
     return value
@@ -120,43 +130,36 @@ def _set_flag(args: list[str], name: str, value: str) -> None:
 
 
 def _additional_config(args: Sequence[str]) -> dict[str, Any]:
+    from maxtext_compat.serving.serve_inputs import parse_additional_config
+
     raw = _flag_value(args, "--additional-config")
-    if raw is None:
-        return {}
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgumentError(
-            "--additional-config is not valid JSON",
-            argument="--additional-config",
-            expected='a JSON object such as {"maxtext_config": {"model_name": "default"}}',
-            found=raw[:200],
-            fix=f"fix the JSON ({exc.msg} at position {exc.pos})",
-        ) from exc
-    if not isinstance(data, dict):
-        raise InvalidArgumentError(
-            "--additional-config must be a JSON object",
-            argument="--additional-config",
-            expected='a JSON object such as {"maxtext_config": {"model_name": "default"}}',
-            found=type(data).__name__,
-            fix="wrap the settings in a JSON object: --additional-config '{\"maxtext_config\": {...}}'",
-        )
-    return data
+    return {} if raw is None else parse_additional_config(raw)
 
 
 def _tp(args: Sequence[str], maxtext: Mapping[str, Any]) -> tuple[int, bool]:
     """(tensor-parallel degree, whether it came from the vLLM flags)."""
-    raw = _flag_value(args, "--tensor-parallel-size", "-tp")
-    if raw is not None:
-        return int(raw), True
-    ici = maxtext.get("ici_tensor_parallelism")
-    return (int(ici), False) if ici and int(ici) > 1 else (1, False)
+    from maxtext_compat.serving.serve_inputs import int_setting, positive_int
+
+    for flag in ("--tensor-parallel-size", "-tp"):
+        raw = _flag_value(args, flag)
+        if raw is not None:
+            return positive_int(flag, raw), True
+    if "ici_tensor_parallelism" not in maxtext:
+        return 1, False
+    if maxtext["ici_tensor_parallelism"] == -1:  # MaxText: fill with the devices left
+        return 1, False
+    return int_setting(maxtext, "ici_tensor_parallelism"), False
 
 
 def _tiny_maxtext(maxtext: Mapping[str, Any], tp: int) -> dict[str, Any]:
+    from maxtext_compat.serving.model_dir import KEY_MAP
+    from maxtext_compat.serving.serve_inputs import int_setting
     from maxtext_compat.testing.tiny import TINY
 
     out = {"model_name": "default", **{k: TINY[k] for k in TINY_MODEL_KEYS}}
+    for key in KEY_MAP:  # the sizes config.json is written from: whole numbers, not 1.5 or "8"
+        if key in maxtext:
+            int_setting(maxtext, key)
     out["base_num_query_heads"] = max(int(out["base_num_query_heads"]), tp)
     out.update(maxtext)
     return out
@@ -186,9 +189,18 @@ def build_command(
     """The `vllm serve` command and environment for parsed options + vLLM flags (no side effects but
     writing config.json for --tiny)."""
     environ = dict(os.environ if environ is None else environ)
+    _check_switches(environ)
     args = list(passthrough)
     # `vllm serve <model> [flags]`: the model is the first argument when it is not a flag.
     model = args.pop(0) if args and not args[0].startswith("-") else _flag_value(args, "--model")
+    if model is not None and not model.strip():
+        raise InvalidArgumentError(
+            "the model path is empty",
+            argument="model",
+            expected="a model directory whose config.json names MaxTextForCausalLM, or --tiny",
+            found=repr(model),
+            fix="maxtext-compat serve /path/to/model ...",
+        )
     additional = _additional_config(args)
     maxtext = dict(additional.get("maxtext_config") or {})
     tp, tp_from_flag = _tp(args, maxtext)
@@ -223,6 +235,10 @@ def build_command(
             found=None,
             fix="maxtext-compat serve /path/to/model --additional-config '{\"maxtext_config\": {...}}'",
         )
+    if not ns.tiny:
+        from maxtext_compat.serving.serve_inputs import check_model_dir
+
+        check_model_dir(model)  # before vLLM's ~40 s start-up, not as a traceback after it
     if tp > 1 and not tp_from_flag:
         args += ["--tensor-parallel-size", str(tp)]
         notes.append(f"--tensor-parallel-size {tp} from maxtext_config.ici_tensor_parallelism")
@@ -251,9 +267,31 @@ def build_command(
     return ServeCommand(argv, env, notes, str(model))
 
 
+def _check_switches(environ: Mapping[str, str]) -> None:
+    """The switches the vLLM processes will read, checked here so a typo stops `serve` at once."""
+    from maxtext_compat.adapters.policy import STRICT_ENV
+    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat.switches import parse_flag
+    from maxtext_compat.vllm_plugin import MODEL_ENV, model_choice, new_model_design
+
+    parse_flag(STRICT_ENV, environ.get(STRICT_ENV))
+    cpu_serving.disabled_parts(environ.get(cpu_serving.DISABLE_ENV, ""))
+    cpu_serving.cpu_hbm_bytes(environ.get(cpu_serving.HBM_ENV, ""))
+    model_choice(environ.get(MODEL_ENV, ""))
+    new_model_design(environ)
+
+
 def _write_tiny_dir(path: str, maxtext: Mapping[str, Any]) -> None:
     from maxtext_compat.serving.model_dir import ARCH, write_model_dir
 
+    if Path(path).exists() and not Path(path).is_dir():
+        raise InvalidArgumentError(
+            "--tiny needs a directory to write config.json into",
+            argument="model",
+            expected="a directory (or a path that does not exist yet)",
+            found=f"{path} is a file",
+            fix="give --tiny a new directory (or none: a temp dir is used)",
+        )
     cfg_file = Path(path) / "config.json"
     if cfg_file.exists():
         try:

@@ -8,6 +8,7 @@ milliseconds and also tells commit-pinned installs apart (PEP 610 `direct_url.js
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -52,6 +53,22 @@ class DistInfo:
         if self.editable:
             extra.append("editable")
         return self.version + (f" ({', '.join(extra)})" if extra else "")
+
+
+def as_version(text: object) -> Version | None:
+    """`text` as a PEP 440 version, None when it is not one (never raises)."""
+    if isinstance(text, Version):
+        return text
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        return None
+
+
+def version_in(text: object, candidates: Iterable[object]) -> bool:
+    """Whether `text` equals one of `candidates` as versions (0.32 == 0.32.0), not as strings."""
+    v = as_version(text)
+    return v is not None and any(v == as_version(c) for c in candidates)
 
 
 def normalize_key(name: str) -> str:
@@ -120,10 +137,20 @@ def _commit_from_archive_url(url: str) -> str | None:
 def hypothetical_versions(versions: dict[str, str]) -> dict[str, DistInfo]:
     """Turn `{"maxtext": "0.2.2", "tpu-inference": "0.20.0"}` into DistInfo records."""
     out: dict[str, DistInfo] = {}
+    given: dict[str, str] = {}
     for name, ver in versions.items():
         if ver is None:
             continue
         key = normalize_key(str(name))
+        if key in out:  # {"vllm": ..., "vllm-tpu": ...}: one package named twice, one value would be lost
+            raise InvalidArgumentError(
+                "names one package twice",
+                argument=f"versions[{name!r}]",
+                expected="each package once",
+                found=f"{given[key]!r} and {name!r}",
+                fix="pass one version per package",
+            )
+        given[key] = name
         text = str(ver).strip()
         try:
             Version(text)

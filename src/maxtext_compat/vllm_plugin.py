@@ -24,6 +24,7 @@ import importlib.util
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,17 +60,29 @@ def state() -> PluginState | None:
         return _STATE
 
 
-def model_choice() -> str:
-    value = os.environ.get(MODEL_ENV, "compat").strip().lower() or "compat"
-    if value not in MODEL_CHOICES:
+def model_choice(raw: str | None = None) -> str:
+    raw = os.environ.get(MODEL_ENV, "") if raw is None else raw
+    value = raw.lower() or "compat"
+    if value not in MODEL_CHOICES:  # " maxtext" is refused (not read as the default), like every switch
         raise InvalidArgumentError(
             f"{MODEL_ENV} selects which MaxTextForCausalLM the plugin registers",
             argument=MODEL_ENV,
             expected=f"one of {list(MODEL_CHOICES)}",
-            found=value,
+            found=repr(raw),
             fix=f"unset {MODEL_ENV} to serve maxtext-compat's model",
         )
     return value
+
+
+def new_model_design(environ: Mapping[str, str] | None = None) -> bool:
+    """NEW_MODEL_DESIGN as tpu-inference reads it (1/true/0/false, any case); other values are an error
+    there too (a raw ValueError deep in its runner), so they are a typed one here."""
+    from maxtext_compat.switches import TPU_INFERENCE_FALSE, TPU_INFERENCE_TRUE, parse_flag
+
+    env = os.environ if environ is None else environ
+    return parse_flag(
+        "NEW_MODEL_DESIGN", env.get("NEW_MODEL_DESIGN"), true=TPU_INFERENCE_TRUE, false=TPU_INFERENCE_FALSE
+    )
 
 
 def register() -> None:
@@ -112,7 +125,7 @@ def _register() -> PluginState:
         if shim.active
         else shim.reason
     )
-    if os.environ.get("NEW_MODEL_DESIGN", "").strip().lower() not in ("1", "true"):
+    if not new_model_design():
         log.info(
             "maxtext_compat plugin: NEW_MODEL_DESIGN is not set; a MaxText model needs tpu-inference's "
             "new-model-design mesh (set NEW_MODEL_DESIGN=1, as `maxtext-compat serve` does)"

@@ -80,8 +80,16 @@ SIGS = {
     "rope_kwargs=None, kv_cache=None, attention_metadata=None, shared_key=None, shared_value=None",
     ("transformer", "0.1.0"): "decoder_input_tokens, decoder_positions, decoder_segment_ids=None, "
     "encoder_images=None, enable_dropout=True, previous_chunk=None, true_length=None, slot=None, page_state=None",
+    ("transformer", "0.2.5"): "decoder_input_tokens, decoder_positions, decoder_segment_ids=None, "
+    "encoder_images=None, enable_dropout=True, model_mode='train', previous_chunk=None, true_length=None, slot=None, "
+    "kv_caches=None, attention_metadata=None",
 }
-RETURNS = {("attention", "0.1.0"): "'OUT'", ("attention", "0.2.5"): "'OUT', kv_cache", ("transformer", "0.1.0"): "'L'"}
+RETURNS = {
+    ("attention", "0.1.0"): "'OUT'",
+    ("attention", "0.2.5"): "'OUT', kv_cache",
+    ("transformer", "0.1.0"): "'L'",
+    ("transformer", "0.2.5"): "'L'",  # bare logits: what 0.2.x returns outside a vLLM attention mode
+}
 
 
 @cache
@@ -109,6 +117,13 @@ def adapter(kind: str, release: str, **row_changes: Any) -> Any:
         row = dataclasses.replace(row, **row_changes)
     cls = native(kind, release, variant=repr(sorted(row_changes.items())) if row_changes else "")
     return adapted_class(cls, row=row, kind=kind)()
+
+
+def transformer_with_attention(attention: str) -> Any:
+    """A 0.2.5 Transformer adapter whose config selects `attention`."""
+    model = adapter("transformer", "0.2.5")
+    model.config = types.SimpleNamespace(attention=attention)
+    return model
 
 
 def policy_row(policy: str) -> dict[str, Any]:
@@ -328,6 +343,10 @@ CASES: list[Case] = [
     Case("metadata-without-kv-cache", "adapters", "new call with `attention_metadata=` but no `kv_cache=`",
          lambda: adapter("attention", "0.2.5")("x", "x", attention_metadata="MD", **NEW), InvalidArgumentError,
          ("[kv_cache]",), "pass kv_cache=..."),
+    Case("transformer-new-call-outside-vllm-mode", "adapters",
+         "`model(tokens, pos, kv_caches=None)` on a 0.2.x Transformer whose config has attention='dot_product'",
+         lambda: transformer_with_attention("dot_product")("t", "p", kv_caches=None), InvalidArgumentError,
+         ("[config.attention]", "returns (hidden, kv_caches)", "'dot_product'"), "call the old way"),
     Case("unknown-kwarg", "adapters", "`kv_caches=` (the Decoder's name) passed to Attention",
          lambda: adapter("attention", "0.2.5")("x", "x", kv_caches=["KV"]), InvalidArgumentTypeError,
          ("[arguments]", "kv_caches", "Attention.__call__(inputs_q"), "pass the arguments by keyword"),

@@ -111,6 +111,16 @@ CASES = [
     ("schema-too-new", lambda d: d.update(schema_version=2), "schema_version", "unsupported"),
     ("schema-not-int", lambda d: d.update(schema_version="one"), "schema_version", "integer"),
     ("typo-top-level", lambda d: d.update(environmnets={}), "environmnets", "unknown key"),
+    ("row-date-not-a-day", lambda d: _first_row(d).update(date="2025-09-31"), "maxtext[0].date", "calendar date"),
+    ("row-date-not-iso", lambda d: _first_row(d).update(date="15/09/2025"), "maxtext[0].date", "calendar date"),
+    (
+        "tpi-release-without-date",
+        lambda d: d["tpu_inference"][0]["releases"]["0.11.1"].pop("date"),
+        "tpu_inference[0].releases.0.11.1.date",
+        "missing",
+    ),
+    ("dev-builds-bad-relation", lambda d: d["dev_builds"].update(tpu_inference="later"), "dev_builds", "one of"),
+    ("dev-builds-unknown-package", lambda d: d["dev_builds"].update(jax="after_release"), "dev_builds", "['jax']"),
     ("row-missing-convention", lambda d: _first_row(d).pop("convention"), "maxtext[0].convention", "missing"),
     (
         "row-bad-convention",
@@ -214,7 +224,7 @@ CASES = [
         "env-bad-name",
         lambda d: d["environments"].update({"a b": d["environments"]["unit"]}),
         "a b",
-        "plain words",
+        "not a valid environment name",
     ),
     (
         "requirements-not-list",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -101,10 +102,42 @@ def test_incompatible_pair_names_both_versions_and_the_nearest_compatible_pairs(
     assert "maxtext 0.2.1 + tpu-inference 0.18.0" in msg
 
 
-def test_update_kv_cache_release_needs_tpu_inference_0_22_1():
-    with pytest.raises(IncompatibleVersionsError, match=r"tpu-inference 0\.22\.1"):
+def test_update_kv_cache_release_needs_tpu_inference_0_22_0():
+    """tpu-inference 0.22.0 (2026-06-08, jax 0.10.0, no vllm-tpu pins it) already takes update_kv_cache."""
+    with pytest.raises(IncompatibleVersionsError, match=r"tpu-inference >=0\.22\.0"):
         resolve({"maxtext": "0.2.3", "tpu-inference": "0.21.0"}, matrix=MATRIX)
+    res = resolve({"maxtext": "0.2.3", "tpu-inference": "0.22.0", "jax": "0.10.0"}, matrix=MATRIX)
+    assert res.maxtext.name == "0.2.3" and "update_kv_cache" in res.tpu_inference.rpa.optional_kwargs
     assert resolve({"maxtext": "0.2.3", "tpu-inference": "0.22.1"}, matrix=MATRIX).maxtext.name == "0.2.3"
+
+
+@pytest.mark.parametrize(
+    ("nightly", "row_floor"),
+    [("0.29.0.dev20260915", "0.29.0"), ("0.31.0.dev20261006", "0.31.0"), ("0.32.0.dev20261024", "0.31.0")],
+)
+def test_tpu_inference_nightly_resolves_to_the_release_it_is_built_after(nightly, row_floor):
+    """Nightlies are uploaded after their named release; PEP 440 order put 0.29.0.devN in the 0.27-0.28 row."""
+    with pytest.warns(UnknownReleaseWarning, match="no release it lists"):
+        res = resolve({"tpu-inference": nightly}, matrix=MATRIX)
+    assert f">={row_floor}" in res.tpu_inference.label
+    if nightly.startswith("0.29"):
+        assert "decode_query_size" in res.tpu_inference.rpa.optional_kwargs
+
+
+def test_before_release_dev_builds_follow_pep_440_order():
+    m = dataclasses.replace(MATRIX, dev_builds={"tpu_inference": "before_release", "maxtext": "before_release"})
+    assert m.tpu_inference_row("0.29.0.dev20260915") is None  # `<0.29.0` excludes 0.29's pre-releases
+    with pytest.warns(UnknownReleaseWarning, match="not covered"):
+        assert ">=0.27.0" in resolve({"tpu-inference": "0.29.0.dev20260915"}, matrix=m).tpu_inference.label
+    with pytest.warns(UnknownReleaseWarning, match="nearest row 0.2.4"):
+        assert resolve({"maxtext": "0.2.5.dev3"}, matrix=m).maxtext.name == "0.2.4"
+
+
+def test_a_nightly_counts_as_its_release_in_the_maxtext_pair_check():
+    """MaxText 0.2.3 needs tpu-inference >=0.22.0: the 0.22.0 nightly is that release, not older than it."""
+    with pytest.warns(UnknownReleaseWarning):
+        res = resolve({"maxtext": "0.2.3", "tpu-inference": "0.22.0.dev20260608"}, matrix=MATRIX)
+    assert res.maxtext.name == "0.2.3"
 
 
 def test_jax_that_tpu_inference_does_not_pin_is_incompatible():
@@ -187,6 +220,17 @@ def test_commit_pinned_install_resolves_by_source_commit(mocker):
     assert res.maxtext.name == "0.2.2" and res.maxtext_match == "commit"
 
 
+def test_commit_no_row_lists_resolves_by_version_without_crashing(mocker):
+    """Found: rows without source_commit made resolve() (and doctor, wrap, shims, the plugin) raise
+    AttributeError: 'NoneType' object has no attribute 'lower' for a git install at an unlisted commit."""
+    assert any(r.source_commit is None for r in MATRIX.maxtext)  # the rows that crashed the lookup
+    url = {"url": "https://github.com/AI-Hypercomputer/maxtext", "vcs_info": {"vcs": "git", "commit_id": "f" * 40}}
+    _fake_metadata(mocker, {"maxtext": FakeDist("maxtext", "0.2.5", url)})
+    res = resolve(matrix=MATRIX, probe=False)
+    assert res.maxtext.name == "0.2.5" and res.maxtext_match == "exact"
+    assert any("which no row lists" in n for n in res.notes)
+
+
 def test_archive_url_install_carries_the_commit(mocker):
     url = {"url": "https://github.com/AI-Hypercomputer/maxtext/archive/3f36aef23aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.zip",
            "archive_info": {}}  # fmt: skip
@@ -227,3 +271,19 @@ def test_resolution_as_dict_is_json_ready():
     assert d["maxtext"] == "0.2.5" and d["import_root"] == "maxtext" and d["convention"] == "kv_scan_carry"
     assert d["rpa_call_form"]["form"] == "flat"
     assert d["cpu_shim_verified"] is True
+
+
+def test_wrap_on_an_unknown_release_warns_at_the_callers_line(mocker):
+    """Found: wrap() dropped the UnknownReleaseWarning the README promises (installed_row ignored warnings)."""
+    from maxtext_compat.adapters import wrap
+
+    class Attention:
+        def __call__(self, inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *,
+                     model_mode="train", deterministic=False, kv_cache=None, attention_metadata=None):  # fmt: skip
+            return "OUT", kv_cache
+
+    _fake_metadata(mocker, {"maxtext": FakeDist("maxtext", "0.9.0")})
+    with pytest.warns(UnknownReleaseWarning, match="maxtext 0.9.0 is not in") as seen:
+        adapted = wrap(Attention)
+    assert seen[0].filename == __file__
+    assert adapted._mc_row.name == "0.2.5"  # the nearest row

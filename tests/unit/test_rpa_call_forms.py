@@ -62,7 +62,7 @@ def test_rows_cover_both_forms():
 @pytest.mark.parametrize(
     ("feature", "value", "since"),
     [
-        ("update_kv_cache", False, "0.22.1"),
+        ("update_kv_cache", False, "0.22.0"),
         ("use_causal_mask", False, "0.25.0"),
         ("attn_logits_soft_cap", 30.0, "0.27.0"),
         ("attention_sink", "sink", "0.12.0"),

@@ -211,9 +211,18 @@ def _cmd(argv: list[str], environ: dict[str, str]) -> object:
     return serve_cli.build_command(ns, rest, environ=environ)
 
 
-def test_serve_accepts_the_seed_flags_unchanged() -> None:
-    cmd = _cmd(SEED_FLAGS, {"JAX_PLATFORMS": "cpu"})
-    assert cmd.argv[:3] == ["vllm", "serve", "/models/llama"]
+@pytest.fixture
+def seed_flags(tmp_path: Path) -> list[str]:
+    """SEED_FLAGS with a real model directory (serve checks its config.json before starting vLLM)."""
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["MaxTextForCausalLM"]}))
+    return [str(model), *SEED_FLAGS[1:]]
+
+
+def test_serve_accepts_the_seed_flags_unchanged(seed_flags: list[str]) -> None:
+    cmd = _cmd(seed_flags, {"JAX_PLATFORMS": "cpu"})
+    assert cmd.argv[:3] == ["vllm", "serve", seed_flags[0]]
     assert cmd.argv[3:5] == SEED_FLAGS[1:3]  # passed through verbatim
     assert cmd.argv[cmd.argv.index("--tensor-parallel-size") + 1] == "4"
     assert cmd.argv[cmd.argv.index("--host") + 1] == "127.0.0.1"
@@ -222,8 +231,8 @@ def test_serve_accepts_the_seed_flags_unchanged() -> None:
     assert cmd.env_changes["TPU_ACCELERATOR_TYPE"] == "cpu"
 
 
-def test_serve_user_values_win_and_tpu_hosts_get_no_cpu_env() -> None:
-    cmd = _cmd([*SEED_FLAGS, "--host=0.0.0.0", "-tp", "2"], {"NEW_MODEL_DESIGN": "0"})
+def test_serve_user_values_win_and_tpu_hosts_get_no_cpu_env(seed_flags: list[str]) -> None:
+    cmd = _cmd([*seed_flags, "--host=0.0.0.0", "-tp", "2"], {"NEW_MODEL_DESIGN": "0"})
     assert "--tensor-parallel-size" not in cmd.argv and "127.0.0.1" not in cmd.argv
     assert cmd.env_changes == {}
 

@@ -91,7 +91,9 @@ def effective_strict(override: bool | None = None) -> bool:
     forced = _override.get("strict")
     if forced is not None:
         return bool(forced)
-    return os.environ.get(STRICT_ENV, "").lower() in ("1", "true", "yes", "on")
+    from maxtext_compat.switches import env_flag
+
+    return env_flag(STRICT_ENV)
 
 
 _INTERNAL = ("maxtext_compat.", "flax.", "jax.", "jax._src", "contextlib", "functools")
@@ -106,6 +108,16 @@ def _call_site():
             return frame
         frame = frame.f_back
     return frame
+
+
+def warn_at_call_site(message: str, category: type[Warning]) -> None:
+    """Warn at the user's line (the first frame outside maxtext-compat, flax and jax), once per line."""
+    frame = _call_site()
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message, category, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__"),
+        registry=registry,
+    )  # fmt: skip
 
 
 def check_old_call(row: MaxTextRow, kind: str, where: str, override: str | None = None) -> None:

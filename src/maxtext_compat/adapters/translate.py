@@ -77,9 +77,11 @@ def translate(
     """Bind against the advertised signature and produce the native keyword call."""
     arguments = bind(advertised, args, kwargs, where)
     kv_name, md_name = NEW_PARAMS[kind]
+    # What the caller wrote decides the convention, not the values: `kv_cache=None` is a new call
+    # (code half-way through a migration passes None), and gets the new return.
+    is_new = kv_name in arguments or md_name in arguments
     kv = arguments.pop(kv_name, None)
     md = arguments.pop(md_name, None)
-    is_new = kv is not None or md is not None
     has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in native.parameters.values())
     out = Translated(kwargs={}, is_new=is_new, kv=kv, metadata=md)
     if is_new and kv_name in native.parameters:

@@ -36,7 +36,7 @@ def _row(row: MaxTextRow | None) -> MaxTextRow:
         return row
     from maxtext_compat.testing.tiny import installed_row
 
-    return installed_row()
+    return installed_row(warn_unknown=True)  # an unknown release warns, as the README says
 
 
 def kind_of(cls: type, row: MaxTextRow) -> str:
@@ -241,7 +241,9 @@ def call_rule(
         result = native_call(self, **t.kwargs)
         return _constrain(old_return(kind, row, self, result), t, kind)
     mode = _mode(self, kind, t, explicit_mode)
-    writes = mode != TRAIN
+    # Only a call that hands over a paged cache writes it; a new call with both None (MaxText's own
+    # layers in training, or decoding with MaxText's own KV cache) runs natively and returns the new shape.
+    writes = mode != TRAIN and (t.kv is not None or t.metadata is not None)
     if writes and (t.kv is None or t.metadata is None):
         missing = "attention_metadata" if t.metadata is None else _kv_name(kind)
         raise InvalidArgumentError(
@@ -252,8 +254,8 @@ def call_rule(
             fix=f"pass {missing}=...; build both with maxtext_compat.paged (layout + build_metadata)",
         )
     if row.has_kv_params:
-        if writes:
-            _check_native_vllm(self, row, where)
+        if writes or kind == "transformer":
+            _check_native_vllm(self, row, where, kind)
         result = new_return(kind, row, self, native_call(self, **t.kwargs))
     else:
         from maxtext_compat.backport.call import backport_call
@@ -276,18 +278,24 @@ def _constrain(result: Any, t: Translated, kind: str) -> Any:
     return jax.lax.with_sharding_constraint(result, t.out_sharding)
 
 
-def _check_native_vllm(module: Any, row: MaxTextRow, where: str) -> None:
+def _check_native_vllm(module: Any, row: MaxTextRow, where: str, kind: str) -> None:
+    """The release's vLLM path is what its config selects: refuse a new call the config cannot answer.
+
+    The Transformer returns (hidden, kv_caches) only under a vLLM attention mode, else bare logits, which a
+    caller's `hidden, kv_caches = ...` would silently unpack along the batch axis.
+    """
     cfg = getattr(module, "config", None)
     modes = row.vllm.attention_modes if row.vllm else ()
     attention = getattr(cfg, "attention", None)
     if cfg is not None and attention not in modes:
+        what = "returns (hidden, kv_caches)" if kind == "transformer" else "writes the paged KV cache"
         raise InvalidArgumentError(
-            f"MaxText {row.name} only writes the paged KV cache when its config says attention='vllm_rpa'",
+            f"MaxText {row.name}'s {where} only {what} when its config says attention='vllm_rpa'",
             argument="config.attention",
             expected=f"one of {list(modes)}",
             found=repr(attention),
             fix="build the config from MaxText's configs/inference/vllm.yml (maxtext_compat.testing.tiny."
-            "tiny_config(vllm=True)), or call the old way",
+            "tiny_config(vllm=True)), or call the old way (without kv_caches / kv_cache / attention_metadata)",
         )
 
 

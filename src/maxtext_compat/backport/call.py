@@ -40,11 +40,14 @@ def backport_call(
         if writes:
             session.check_complete()
     updated = session.updated if writes else caches
+    kv_out = updated if many else updated[0]
+    if t.kv is None:
+        kv_out = None  # a new call without a cache gets None back, as MaxText 0.2.x returns it
     if kind == "attention":
-        return result, updated[0]
+        return result, kv_out
     if kind == "decoder_layer":
         y = result[0] if isinstance(result, tuple) else result
-        return y, updated[0]
+        return y, kv_out
     if kind == "decoder":
-        return result[0], result[1], updated
-    return session.hidden, updated
+        return result[0], result[1], kv_out
+    return session.hidden, kv_out

@@ -116,7 +116,7 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
         from maxtext_compat.matrix import load_matrix
 
         jax_version = jax.__version__
-        verified = jax_version in load_matrix().cpu_shim.verified_jax
+        verified = load_matrix().cpu_shim.jax_verified(jax_version)
         if not on_cpu():
             status = ShimStatus(
                 False,

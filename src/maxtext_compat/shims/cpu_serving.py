@@ -36,6 +36,7 @@ PROFILE = "cpu-serving"
 PARTS: tuple[str, ...] = ("mesh", "hbm", "compiler_options", "rpa")
 DISABLE_ENV = "MAXTEXT_COMPAT_DISABLE_CPU_SHIM"
 HBM_ENV = "MAXTEXT_COMPAT_CPU_HBM_GB"
+MAX_CPU_HBM_GB = 1 << 20  # 1 PiB: anything above is a typo
 DEFAULT_CPU_HBM_GB = 2.0  # what the KV-cache sizing sees; pass --num-gpu-blocks-override for tiny caches
 
 UTILS = "tpu_inference.utils"
@@ -90,37 +91,37 @@ def cpu_only() -> bool:
 
 def disabled_parts(value: str | None = None) -> tuple[str, ...]:
     """Parts switched off by MAXTEXT_COMPAT_DISABLE_CPU_SHIM ('1'/'all' = every part)."""
+    from maxtext_compat.switches import FALSE, TRUE, parse_flag
+
     raw = os.environ.get(DISABLE_ENV, "") if value is None else value
-    raw = raw.strip().lower()
-    if raw in ("", "0", "false", "no"):
-        return ()
-    if raw in ("1", "true", "yes", "all"):
-        return PARTS
-    names = tuple(p.strip() for p in raw.split(",") if p.strip())
+    if raw.lower() in ("all", *TRUE, *FALSE, ""):
+        return PARTS if raw.lower() == "all" or parse_flag(DISABLE_ENV, raw) else ()
+    names = tuple(p.strip().lower() for p in raw.split(",") if p.strip())
     unknown = [n for n in names if n not in PARTS]
-    if unknown:
+    if unknown or not names:  # " 1" or "y" is no part name: refused, not read as "nothing disabled"
         raise InvalidArgumentError(
             f"{DISABLE_ENV} names unknown parts",
             argument=DISABLE_ENV,
-            expected=f"1/all, or a comma list of {list(PARTS)}",
-            found=raw,
-            fix=f"e.g. {DISABLE_ENV}=rpa",
+            expected=f"1/all (every part), 0 (none), or a comma list of {list(PARTS)}",
+            found=repr(raw),
+            fix=f"e.g. {DISABLE_ENV}=rpa or {DISABLE_ENV}=mesh,hbm",
         )
     return names
 
 
-def cpu_hbm_bytes() -> int:
-    raw = os.environ.get(HBM_ENV, "")
+def cpu_hbm_bytes(value: str | None = None) -> int:
+    raw = os.environ.get(HBM_ENV, "") if value is None else value
     try:
         gb = float(raw) if raw else DEFAULT_CPU_HBM_GB
     except ValueError:
         gb = -1.0
-    if gb <= 0:
+    # nan, inf and 1e400 parse as floats: refuse them here, not as a raw error in int() later.
+    if not (math.isfinite(gb) and 0 < gb <= MAX_CPU_HBM_GB):
         raise InvalidArgumentError(
             f"{HBM_ENV} must be a positive number of GiB",
             argument=HBM_ENV,
-            expected="e.g. 2 or 0.5",
-            found=raw,
+            expected=f"a number > 0 and <= {MAX_CPU_HBM_GB}, e.g. 2 or 0.5",
+            found=repr(raw),
             fix=f"unset {HBM_ENV} to use {DEFAULT_CPU_HBM_GB} GiB",
         )
     return int(gb * (1 << 30))

@@ -54,15 +54,25 @@ TINY: dict[str, Any] = {
 }
 
 
-def installed_row() -> MaxTextRow:
-    """The matrix row of the installed MaxText (typed error when none is installed)."""
+def installed_row(*, warn_unknown: bool = False) -> MaxTextRow:
+    """The matrix row of the installed MaxText (typed error when none is installed).
+
+    warn_unknown: an unknown release (nearest row) warns at the caller's line outside
+    maxtext-compat (`wrap()` does this, as the README promises); otherwise warnings are dropped."""
     import warnings
 
+    from maxtext_compat.errors import UnknownReleaseWarning
     from maxtext_compat.resolver import resolve
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         res = resolve(probe=False)
+    if warn_unknown:
+        from maxtext_compat.adapters.policy import warn_at_call_site
+
+        for w in seen:
+            if issubclass(w.category, UnknownReleaseWarning):
+                warn_at_call_site(str(w.message), UnknownReleaseWarning)
     if res.maxtext is None:
         raise ResolutionError(
             "MaxText is not installed", fix="install a MaxText release (see `maxtext-compat envs` for working pins)"

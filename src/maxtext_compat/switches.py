@@ -1,0 +1,51 @@
+"""One strict parser for every on/off environment switch (MAXTEXT_COMPAT_STRICT, ...).
+
+Why strict: a switch read loosely fails silently. `MAXTEXT_COMPAT_STRICT=" 1"`, `"y"` or `"2"`
+used to turn strict mode *off* without a word; a value we do not recognise is now a typed
+error naming the variable, the value and the values accepted. Unset or empty means the default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from maxtext_compat.errors import InvalidArgumentError
+
+TRUE: tuple[str, ...] = ("1", "true", "yes", "on")
+FALSE: tuple[str, ...] = ("0", "false", "no", "off")
+# tpu-inference's own switches (NEW_MODEL_DESIGN, ...) accept only these (tpu_inference.envs.env_bool).
+TPU_INFERENCE_TRUE: tuple[str, ...] = ("1", "true")
+TPU_INFERENCE_FALSE: tuple[str, ...] = ("0", "false")
+
+
+def parse_flag(
+    name: str,
+    raw: str | None,
+    default: bool = False,
+    *,
+    true: tuple[str, ...] = TRUE,
+    false: tuple[str, ...] = FALSE,
+) -> bool:
+    """`raw` (the value of variable `name`) as a bool; unset/empty -> `default`; anything else -> error.
+
+    Case does not matter; whitespace does (`" 1"` is refused, not read as off)."""
+    if raw is None or raw == "":
+        return default
+    low = raw.lower()
+    if low in true:
+        return True
+    if low in false:
+        return False
+    raise InvalidArgumentError(
+        f"{name} is an on/off switch and its value is not one",
+        argument=name,
+        expected=f"one of {', '.join(true)} (on) or {', '.join(false)} (off), in any case, or unset",
+        found=repr(raw),
+        fix=f"set {name}={true[0]} to switch it on, or {name}={false[0]} (or unset it) to switch it off",
+    )
+
+
+def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None = None) -> bool:
+    """The on/off switch `name` from the environment (see parse_flag)."""
+    return parse_flag(name, (os.environ if environ is None else environ).get(name), default)

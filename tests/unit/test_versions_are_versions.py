@@ -1,0 +1,125 @@
+"""Issue-11 §5 findings: versions compared as versions, strict switches, a matrix path that cannot hang.
+
+Each test names what it found (each failed before the fix).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from maxtext_compat import resolve
+from maxtext_compat.cli import main as cli_main
+from maxtext_compat.errors import IncompatibleVersionsError, InvalidArgumentError, MatrixError
+from maxtext_compat.matrix import MAX_MATRIX_BYTES, load_matrix, parse_matrix
+from maxtext_compat.switches import parse_flag
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = (REPO / "compat_matrix.yaml").read_text()
+MATRIX = load_matrix(REPO / "compat_matrix.yaml")
+
+
+def test_tpu_inference_0_32_is_release_0_32_0_for_the_jax_check():
+    """Found: `--tpu-inference 0.32 --jax 0.7.0` was accepted while `0.32.0` was refused."""
+    for spelled in ("0.32", "0.32.0", "0.32.0.0"):
+        with pytest.raises(IncompatibleVersionsError, match=r"jax==0\.11\.2"):
+            resolve({"tpu-inference": spelled, "jax": "0.7.0"}, matrix=MATRIX)
+
+
+def test_empty_version_is_refused_by_resolve_and_the_cli(capsys):
+    """Found: `maxtext-compat resolve --maxtext ""` exited 0."""
+    with pytest.raises(InvalidArgumentError, match="not a PEP 440 version"):
+        resolve({"maxtext": ""}, matrix=MATRIX)
+    assert cli_main(["resolve", "--maxtext", ""]) != 0
+    assert "PEP 440" in capsys.readouterr().err
+
+
+def _doc():
+    return yaml.safe_load(TEXT)
+
+
+def test_two_rows_equal_as_versions_are_refused():
+    """Found: rows `0.2.5` and `0.2.5.0` were both accepted."""
+    d = _doc()
+    twin = dict(d["maxtext"][-1], release="0.2.5.0")
+    d["maxtext"].append(twin)
+    with pytest.raises(MatrixError, match="twice"):
+        parse_matrix(yaml.safe_dump(d), "m.yaml")
+
+
+def test_identical_tpu_inference_ranges_overlap():
+    """Found: two identical tpu-inference ranges passed the overlap check."""
+    d = _doc()
+    d["tpu_inference"].append(dict(d["tpu_inference"][-1], releases={}))
+    d["tpu_inference"][-1]["releases"] = dict(d["tpu_inference"][-2]["releases"])
+    with pytest.raises(MatrixError, match="overlap"):
+        parse_matrix(yaml.safe_dump(d), "m.yaml")
+
+
+def test_overlap_check_is_not_quadratic():
+    """5,000 disjoint ranges are checked in well under a second (sort + one sweep)."""
+    base = _doc()["tpu_inference"][-1]
+    rows = []
+    for i in range(5000):
+        lo, hi = f"1000.{i}.0", f"1000.{i}.1"
+        release = dict(next(iter(base["releases"].values())))  # the shipped file's keys, whatever they are
+        rows.append(dict(base, versions=f">={lo},<{hi}", releases={lo: release}))
+    from maxtext_compat._yaml_reader import Node
+    from maxtext_compat.matrix import _check_disjoint, _parse_tpi
+
+    parsed = tuple(_parse_tpi(Node(r, f"tpu_inference[{i}]", "m.yaml")) for i, r in enumerate(rows))
+    start = time.perf_counter()
+    _check_disjoint(parsed, Node(rows, "tpu_inference", "m.yaml"))
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("raw", [" 1", "y", "2", "enabled", "1 "])
+def test_switch_values_that_are_not_on_or_off_are_refused(raw, monkeypatch):
+    """Found: MAXTEXT_COMPAT_STRICT=" 1", "y" or "2" silently turned strict mode off."""
+    from maxtext_compat.adapters import policy
+
+    with pytest.raises(InvalidArgumentError) as e:
+        parse_flag("MAXTEXT_COMPAT_STRICT", raw)
+    assert e.value.argument == "MAXTEXT_COMPAT_STRICT" and repr(raw) in str(e.value)
+    monkeypatch.setenv("MAXTEXT_COMPAT_STRICT", raw)
+    with pytest.raises(InvalidArgumentError):
+        policy.effective_strict(None)
+
+
+@pytest.mark.parametrize(("raw", "on"), [("1", True), ("TRUE", True), ("on", True), ("0", False), ("Off", False),
+                                         ("", False), (None, False)])  # fmt: skip
+def test_switch_values_that_are_on_or_off(raw, on):
+    assert parse_flag("X", raw) is on
+
+
+def test_a_fifo_as_the_matrix_is_refused_without_hanging(tmp_path):
+    """Found: a matrix path that is a FIFO (or /dev/zero) hung every command."""
+    fifo = tmp_path / "matrix.yaml"
+    os.mkfifo(fifo)
+    result: list[BaseException] = []
+    t = threading.Thread(target=lambda: _capture(result, fifo), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "load_matrix blocked on a FIFO"
+    assert isinstance(result[0], MatrixError) and "a FIFO" in str(result[0])
+
+
+def _capture(out: list[BaseException], path: Path) -> None:
+    try:
+        load_matrix(path)
+    except BaseException as exc:  # the test inspects it
+        out.append(exc)
+
+
+def test_dev_zero_and_an_oversized_file_are_refused(tmp_path):
+    with pytest.raises(MatrixError, match="a device"):
+        load_matrix("/dev/zero")
+    big = tmp_path / "big.yaml"
+    big.write_text(TEXT + "#" * MAX_MATRIX_BYTES)
+    with pytest.raises(MatrixError, match=str(MAX_MATRIX_BYTES)):
+        load_matrix(big)
