@@ -29,6 +29,7 @@ from packaging.version import Version
 
 from maxtext_compat.errors import CompatError, InvalidArgumentError, KernelUnavailableError
 from maxtext_compat.matrix import CompatMatrix, TpuInferenceRow, load_matrix
+from maxtext_compat.paged.metadata import metadata_arrays
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -272,25 +273,6 @@ def _is_default(value: Any, default: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def metadata_arrays(metadata: Any) -> tuple[Any, Any, Any, Any]:
-    """(kv_lens, page_indices, cu_q_lens, distribution) from our RaggedMetadata or tpu-inference's."""
-    from maxtext_compat.paged.metadata import RaggedMetadata
-
-    if isinstance(metadata, RaggedMetadata):
-        return metadata.kernel_arrays()
-    names = ("seq_lens", "block_tables", "query_start_loc", "request_distribution")
-    if all(getattr(metadata, n, None) is not None for n in names):
-        return tuple(getattr(metadata, n) for n in names)  # type: ignore[return-value]
-    raise InvalidArgumentError(
-        "metadata must carry the kernel's four arrays",
-        argument="metadata",
-        expected="maxtext_compat.paged.RaggedMetadata or tpu-inference AttentionMetadata with seq_lens, "
-        "block_tables, query_start_loc and request_distribution set",
-        found=type(metadata).__name__,
-        fix="build it with maxtext_compat.paged.build_metadata(...)",
-    )
-
-
 _JIT_LOCK = threading.Lock()
 _JIT_CACHE: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
@@ -356,9 +338,12 @@ def ragged_paged_attention(
         row, label = found.row, found.label
     else:
         label = _label(row)
-    from maxtext_compat.paged.metadata import RaggedMetadata
+    from maxtext_compat.paged.metadata import RaggedMetadata, source_of
 
     kv_lens, page_indices, cu_q_lens, distribution = metadata_arrays(metadata)
+    source = source_of(metadata)  # our RaggedMetadata, or the one an AttentionMetadata was converted from
+    if source is not None:
+        source.check_current("metadata")
     host = None
     if isinstance(metadata, RaggedMetadata):
         host = (metadata.kv_lens, metadata.page_indices, metadata.cu_q_lens, metadata.distribution)
@@ -370,17 +355,8 @@ def ragged_paged_attention(
         tp=tp, hd64_kernel=hd64_kernel, sliding_window=sliding_window, soft_cap=soft_cap,
         attention_sink=attention_sink, host_values=host,
     )  # fmt: skip
-    if isinstance(metadata, RaggedMetadata) and (metadata.page_size, metadata.num_pages) != (
-        layout.page_size,
-        layout.num_pages,
-    ):
-        raise InvalidArgumentError(
-            "the metadata was built for another cache",
-            argument="metadata",
-            expected=f"page_size {layout.page_size}, {layout.num_pages} pages (the kv_cache's)",
-            found=f"page_size {metadata.page_size}, {metadata.num_pages} pages",
-            fix="build the metadata with the layout of this kv_cache",
-        )
+    if source is not None:
+        source.check_cache(layout.num_pages, layout.page_size)
     _check_kernel_features(layout.kernel, attention_sink, update_kv_cache, use_causal_mask, label)
     static = (float(sm_scale), sliding_window, soft_cap, bool(update_kv_cache), bool(use_causal_mask), label)
     # Plan once outside the trace so an unsupported feature fails before anything is traced.

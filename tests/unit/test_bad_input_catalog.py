@@ -226,7 +226,7 @@ def layout_for(shape: tuple[int, ...]) -> Any:
 
 
 def metadata_arrays(**fields: Any) -> Any:
-    from maxtext_compat.rpa import metadata_arrays as arrays
+    from maxtext_compat.paged.metadata import metadata_arrays as arrays
 
     return arrays(types.SimpleNamespace(**fields))
 
@@ -481,7 +481,7 @@ CASES: list[Case] = [
          ("[cu_q_lens[0:2]]", "q_len=2"), "order sequences decode-first"),
     Case("two-writers-one-page", "metadata arrays", "two sequences writing new tokens into page 0",
          lambda: check(kv_lens=(2, 2), page_indices=(0, 0), cu_q_lens=(0, 2, 4), distribution=(0, 0, 2)),
-         InvalidArgumentError, ("[page_indices]", "page 0"), "give each request its own pages"),
+         InvalidArgumentError, ("[page_indices[1]]", "page 0"), "give each request its own pages"),
     Case("more-tokens-than-q-rows", "metadata arrays", "cu_q_lens ends at 9 with 8 q rows",
          lambda: check(kv_lens=(9, 0), cu_q_lens=(0, 9, 9)), CacheCapacityError, ("[cu_q_lens]", "<= 8"),
          "pad q/k/v"),

@@ -256,7 +256,7 @@ def test_check_metadata_accepts_good_batch():
         ({"distribution": [2, 2, 2]}, "cu_q_lens[1:3]", InvalidArgumentError),  # decode with q_len 3
         ({"kv_lens": [13, 3, 0]}, "kv_lens[0]", CacheCapacityError),  # 4 pages > 3 per seq
         ({"page_indices": [0, 4, 2, 0, 0, 0]}, "page_indices[1]", InvalidArgumentError),  # page 4 of 4
-        ({"page_indices": [0, 1, 1, 0, 0, 0]}, "page_indices", InvalidArgumentError),  # page 1 written twice
+        ({"page_indices": [0, 1, 1, 0, 0, 0]}, "page_indices[2]", InvalidArgumentError),  # page 1 written twice
     ],
 )
 def test_check_metadata_rejects(overrides, argument, error):

@@ -253,9 +253,15 @@ def call_rule(
             found="None",
             fix=f"pass {missing}=...; build both with maxtext_compat.paged (layout + build_metadata)",
         )
+    if row.has_kv_params and (writes or kind == "transformer"):
+        _check_native_vllm(self, row, where, kind)
+    if writes:
+        from maxtext_compat.paged.guard import check_new_call
+
+        caches = list(t.kv) if kind in ("decoder", "transformer") else [t.kv]
+        positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
+        check_new_call(caches, t.metadata, positions, where)  # every KV write as the metadata says, or refused
     if row.has_kv_params:
-        if writes or kind == "transformer":
-            _check_native_vllm(self, row, where, kind)
         result = new_return(kind, row, self, native_call(self, **t.kwargs))
     else:
         from maxtext_compat.backport.call import backport_call

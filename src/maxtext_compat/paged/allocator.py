@@ -10,12 +10,50 @@ Pure python: the unit environment (no numpy/jax) tests it.
 
 from __future__ import annotations
 
+import itertools
 import random
+import weakref
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError
+from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, StaleSliceError
 from maxtext_compat.paged.layout import cdiv
+
+
+class Lease:
+    """A request's hold on its pages for one step, valid until the request is freed or appended to again.
+
+    Why: a slice (or metadata built from it) kept past `free()` names pages that may already belong to
+    another request; writing with it would overwrite that request's tokens without an error.
+    """
+
+    __slots__ = ("_allocator", "generation", "request_id")
+
+    def __init__(self, allocator: PageAllocator, request_id: Hashable, generation: int) -> None:
+        self._allocator = weakref.ref(allocator)
+        self.request_id = request_id
+        self.generation = generation
+
+    @property
+    def current(self) -> bool:
+        """Still the request's latest slice (an allocator that no longer exists hands no page to anyone)."""
+        allocator = self._allocator()
+        return allocator is None or allocator._generation.get(self.request_id) == self.generation
+
+    def check(self, where: str) -> None:
+        """StaleSliceError naming `where` unless the lease is current."""
+        if self.current:
+            return
+        now = self._allocator()._generation.get(self.request_id)  # type: ignore[union-attr]
+        what = "was freed" if now is None else "was appended to again (a newer step was cut for it)"
+        raise StaleSliceError(
+            f"request {self.request_id!r} {what} after this slice was cut: its pages may belong to another request now",
+            argument=where,
+            expected="a slice from the request's latest PageAllocator.append",
+            found=f"a slice of step {self.generation} of request {self.request_id!r}",
+            fix="cut a new slice with PageAllocator.append for every step, and build metadata from it before "
+            "freeing or appending to the request again",
+        )
 
 
 @dataclass(frozen=True)
@@ -30,6 +68,7 @@ class SequenceSlice:
     kv_len: int
     pages: tuple[int, ...]
     request_id: Hashable | None = None
+    lease: Lease | None = field(default=None, compare=False, repr=False)  # set by PageAllocator.append
 
     @property
     def context_len(self) -> int:
@@ -39,6 +78,11 @@ class SequenceSlice:
     @property
     def is_decode(self) -> bool:
         return self.q_len == 1
+
+    def check_current(self, where: str = "seq") -> None:
+        """StaleSliceError when the allocator freed the request or cut a newer step since (hand-made: no check)."""
+        if self.lease is not None:
+            self.lease.check(where)
 
 
 class PageAllocator:
@@ -80,6 +124,8 @@ class PageAllocator:
         self._free: list[int] = free[::-1]  # pop() from the end hands out free[0] first
         self._pages: dict[Hashable, list[int]] = {}
         self._tokens: dict[Hashable, int] = {}
+        self._generation: dict[Hashable, int] = {}  # the step of each live request's latest slice
+        self._steps = itertools.count(1)
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -137,11 +183,13 @@ class PageAllocator:
         kv_len = self.num_tokens(request_id) + q_len
         pages = self.allocate(request_id, kv_len)
         self._tokens[request_id] = kv_len
-        return SequenceSlice(q_len, kv_len, pages, request_id)
+        generation = self._generation[request_id] = next(self._steps)
+        return SequenceSlice(q_len, kv_len, pages, request_id, Lease(self, request_id, generation))
 
     def free(self, request_id: Hashable) -> None:
         pages = self._pages.pop(self._known(request_id))
         self._tokens.pop(request_id, None)
+        self._generation.pop(request_id, None)
         self._free.extend(reversed(pages))
 
     def block_table(self, request_ids: Sequence[Hashable], pages_per_seq: int, *, pad: int = 0) -> list[list[int]]:

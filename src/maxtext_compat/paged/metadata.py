@@ -31,7 +31,7 @@ from maxtext_compat.paged.allocator import Lease, SequenceSlice
 from maxtext_compat.paged.layout import KVCacheLayout, cdiv
 from maxtext_compat.paged.metadata_checks import check_metadata, check_sequences
 
-__all__ = ["RaggedMetadata", "build_metadata", "check_metadata", "check_sequences", "source_of"]
+__all__ = ["RaggedMetadata", "build_metadata", "check_metadata", "check_sequences", "metadata_arrays", "source_of"]
 # The attribute `to_attention_metadata` sets on tpu-inference's AttentionMetadata: the RaggedMetadata it
 # came from, so a later eager call can check its page size and that its requests were not freed since.
 SOURCE_ATTR = "_maxtext_compat_source"
@@ -110,6 +110,17 @@ class RaggedMetadata:
         for i, lease in enumerate(self.leases):
             if lease is not None:
                 lease.check(f"{argument} (kernel sequence {i}, request {lease.request_id!r})")
+
+    def check_cache(self, num_pages: int, page_size: int, argument: str = "metadata") -> None:
+        """The cache it is used with must be the one it was built for (pages of another size move every token)."""
+        if (self.page_size, self.num_pages) != (page_size, num_pages):
+            raise InvalidArgumentError(
+                "the metadata was built for another cache",
+                argument=argument,
+                expected=f"page_size {page_size}, {num_pages} pages (the kv_cache's)",
+                found=f"page_size {self.page_size}, {self.num_pages} pages",
+                fix="build the metadata with the layout of this kv_cache",
+            )
 
     # -- conversions ----------------------------------------------------------------------------
 
@@ -302,3 +313,20 @@ def source_of(metadata: Any) -> RaggedMetadata | None:
         return metadata
     found = getattr(metadata, SOURCE_ATTR, None)
     return found if isinstance(found, RaggedMetadata) else None
+
+
+def metadata_arrays(metadata: Any) -> tuple[Any, Any, Any, Any]:
+    """(kv_lens, page_indices, cu_q_lens, distribution) from our RaggedMetadata or tpu-inference's."""
+    if isinstance(metadata, RaggedMetadata):
+        return metadata.kernel_arrays()
+    names = ("seq_lens", "block_tables", "query_start_loc", "request_distribution")
+    if all(getattr(metadata, n, None) is not None for n in names):
+        return tuple(getattr(metadata, n) for n in names)  # type: ignore[return-value]
+    raise InvalidArgumentError(
+        "metadata must carry the kernel's four arrays",
+        argument="metadata",
+        expected="maxtext_compat.paged.RaggedMetadata or tpu-inference AttentionMetadata with seq_lens, "
+        "block_tables, query_start_loc and request_distribution set",
+        found=type(metadata).__name__,
+        fix="build it with maxtext_compat.paged.build_metadata(...)",
+    )

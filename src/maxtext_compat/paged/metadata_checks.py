@@ -95,8 +95,7 @@ def page_conflict(rows: Sequence[tuple[Sequence[int], int]]) -> tuple[str, int, 
 CONFLICT_TEXT = {
     "repeated": "a block-table row lists one page twice: two positions of the sequence map onto one slot and "
     "tokens are lost",
-    "written": "two sequences use the same page and one of them writes it this step: one overwrites the other's "
-    "tokens",
+    "written": "two sequences use the same page and one of them writes it this step: one overwrites the other's tokens",
     "moved": "a page shared by two sequences holds different positions in each row",
 }
 CONFLICT_FIX = {

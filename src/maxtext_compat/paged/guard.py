@@ -1,0 +1,77 @@
+"""The KV-write checks for a new-convention call that goes straight to MaxText (its own vLLM path).
+
+Why: on a release with the vLLM path the adapter hands kv_cache / attention_metadata to MaxText, which
+hands them to tpu-inference's kernel; nothing of ours sees them on the way, and the kernel trusts its
+metadata. These are the same checks the dispatcher runs (paged.metadata_checks), applied at the call:
+- eager (concrete values): the metadata against every cache it writes, and the call's positions, before
+  anything runs; a typed error names the bad argument;
+- traced (inside jit): the values do not exist yet, so a host callback runs the same checks when the
+  step executes; a bad step then fails as a JAX runtime error carrying the typed error's message, and
+  its outputs (the new caches) are never returned.
+Metadata converted from our RaggedMetadata also checks that its requests were not freed since and that
+it was built for this cache's page size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from maxtext_compat.errors import InvalidArgumentError
+from maxtext_compat.paged.metadata import check_metadata, metadata_arrays, source_of
+
+
+def _concrete(x: Any) -> bool:
+    import jax
+
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_new_call(caches: Sequence[Any], metadata: Any, positions: Any, where: str) -> None:
+    """Refuse a KV write the metadata does not describe exactly (see the module docstring)."""
+    if not all(hasattr(c, "shape") for c in caches):
+        return  # not arrays (a test's stand-ins): no paged write to check; the release refuses real misuse
+    shapes = {tuple(c.shape) for c in caches}
+    if len(shapes) != 1 or len(next(iter(shapes))) < 2:
+        raise InvalidArgumentError(
+            f"{where}: every KV cache of one call must have one paged shape",
+            argument="kv_cache",
+            expected="arrays of one shape [pages, page_size, ...] (maxtext_compat.paged.KVCacheLayout.allocate)",
+            found=f"shapes {sorted(shapes)}",
+            fix="allocate all layers' caches from one KVCacheLayout",
+        )
+    num_pages, page_size = next(iter(shapes))[:2]
+    source = source_of(metadata)
+    if source is not None:
+        source.check_current("attention_metadata")
+        source.check_cache(num_pages, page_size, "attention_metadata")
+    values = (*metadata_arrays(metadata), positions)
+    check = functools.partial(_check_values, num_pages=num_pages, page_size=page_size)
+    if all(v is None or _concrete(v) for v in values):
+        check(*values)
+        return
+    import jax
+
+    jax.debug.callback(check, *values)
+
+
+def _check_values(
+    kv_lens: Any, page_indices: Any, cu_q_lens: Any, distribution: Any, positions: Any, *, num_pages: int,
+    page_size: int,
+) -> None:  # fmt: skip
+    import numpy as np
+
+    flat = None if positions is None else np.asarray(positions).reshape(-1).tolist()
+    check_metadata(
+        np.asarray(kv_lens).tolist(),
+        np.asarray(page_indices).reshape(-1).tolist(),
+        np.asarray(cu_q_lens).tolist(),
+        np.asarray(distribution).tolist(),
+        num_pages=int(num_pages),
+        page_size=int(page_size),
+        max_num_tokens=math.inf if flat is None else len(flat),  # type: ignore[arg-type]
+        input_positions=flat,
+        positions_name="positions",
+    )
