@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
-from maxtext_compat.errors import CompatError, InvalidArgumentError, KernelUnavailableError
+from maxtext_compat.errors import CompatError, KernelUnavailableError
 from maxtext_compat.matrix import CompatMatrix, TpuInferenceRow, load_matrix
 from maxtext_compat.paged.metadata import metadata_arrays
 

@@ -22,6 +22,7 @@ The core is pure python; numpy/jax are imported only by the conversion methods.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,10 +158,8 @@ class RaggedMetadata:
             cls = attention_metadata_class()
         a = self.arrays()
         md = cls(**{theirs: jnp.asarray(a[ours]) for ours, theirs in ATTENTION_METADATA_FIELDS.items()})
-        try:
+        with contextlib.suppress(AttributeError, TypeError):  # a slotted class: only the array checks apply
             object.__setattr__(md, SOURCE_ATTR, self)  # eager calls check page size and leases (not a pytree field)
-        except (AttributeError, TypeError):  # a slotted class: only the array checks apply
-            pass
         return md
 
     def _token_index(self) -> Any:
