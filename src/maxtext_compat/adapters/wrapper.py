@@ -255,6 +255,10 @@ def call_rule(
         )
     if row.has_kv_params and (writes or kind == "transformer"):
         _check_native_vllm(self, row, where, kind)
+    if writes and not row.has_kv_params:
+        from maxtext_compat.rpa import installed_rpa
+
+        installed_rpa()  # without tpu-inference there is no backport: say so before judging the arguments
     if writes:
         from maxtext_compat.paged.guard import check_new_call
 
