@@ -112,3 +112,12 @@ def _describe(value: Any) -> str:
         return f"{type(value).__name__} of shape {tuple(shape)}"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_kv_writes(kind: str, t: Translated, where: str) -> None:
+    """Every KV write of a new call lands where its metadata says, or the call is refused (paged.guard)."""
+    from maxtext_compat.paged.guard import check_new_call
+
+    caches = list(t.kv) if kind in ("decoder", "transformer") else [t.kv]
+    positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
+    check_new_call(caches, t.metadata, positions, where)

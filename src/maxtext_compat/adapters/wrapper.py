@@ -20,7 +20,7 @@ from typing import Any
 from maxtext_compat.adapters import policy
 from maxtext_compat.adapters.returns import is_scan_carry, new_return, old_return
 from maxtext_compat.adapters.signature import KINDS, advertised_signature, kind_from_signature, native_signature
-from maxtext_compat.adapters.translate import Translated, translate
+from maxtext_compat.adapters.translate import Translated, check_kv_writes, translate
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.matrix import MaxTextRow
 
@@ -255,17 +255,9 @@ def call_rule(
         )
     if row.has_kv_params and (writes or kind == "transformer"):
         _check_native_vllm(self, row, where, kind)
-    if writes and not row.has_kv_params:
-        from maxtext_compat.rpa import installed_rpa
-
-        installed_rpa()  # without tpu-inference there is no backport: say so before judging the arguments
-    if writes:
-        from maxtext_compat.paged.guard import check_new_call
-
-        caches = list(t.kv) if kind in ("decoder", "transformer") else [t.kv]
-        positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
-        check_new_call(caches, t.metadata, positions, where)  # every KV write as the metadata says, or refused
     if row.has_kv_params:
+        if writes:
+            check_kv_writes(kind, t, where)
         result = new_return(kind, row, self, native_call(self, **t.kwargs))
     else:
         from maxtext_compat.backport.call import backport_call

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.adapters.translate import Translated
+from maxtext_compat.adapters.translate import Translated, check_kv_writes
 from maxtext_compat.backport import hooks
 from maxtext_compat.backport.attention import rpa_mesh_for
 from maxtext_compat.backport.session import BackportError, kv_session
@@ -24,6 +24,7 @@ def backport_call(
         from maxtext_compat.rpa import installed_rpa
 
         installed_rpa()  # typed error up front when there is no tpu-inference (and so no kernel)
+        check_kv_writes(kind, t, where)
     hooks.ensure_installed(row)
     many = kind in ("decoder", "transformer")
     caches = list(t.kv) if many and t.kv is not None else [t.kv]
