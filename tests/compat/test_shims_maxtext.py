@@ -261,3 +261,24 @@ def test_linen_apply_of_a_patched_layer_takes_the_new_call(kernel_shim):
         )(variables, kvs[0], md.to_attention_metadata())
     assert isinstance(old, jax.Array) and y.shape == old.shape
     assert float(jnp.abs(kv).sum()) > 0  # the paged cache was written through Linen's apply path
+
+
+@pytest.mark.envs("maxtext-0.2.5")
+def test_scan_kv_fix_never_changes_the_shared_layer():
+    """Found: the fix swapped `module.config` during the call, so another thread calling the same NNX layer saw
+    scan_layers=False (or, once restored mid-call, lost its KV cache). Now the call runs on a twin."""
+    import types
+
+    class Layer(nnx.Module):
+        def __init__(self):
+            self.config = types.SimpleNamespace(scan_layers=True)
+
+        def __call__(self, x):
+            seen.append((self.config.scan_layers, shared.config.scan_layers))  # the call's view, another thread's
+            return x, "kv"
+
+    seen: list[tuple[bool, bool]] = []
+    shared = Layer()
+    config = shared.config
+    out = maxtext_profiles._call_unscanned(Layer.__call__, shared.__call__, shared, (1,), {})
+    assert out == (1, "kv") and seen == [(False, True)] and shared.config is config

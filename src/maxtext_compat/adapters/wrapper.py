@@ -91,8 +91,9 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
 
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             raw = inspect.getattr_static(cls, "__call__")  # one read: the decision and the call agree
-            if is_rule_wrapper(raw):  # the vllm-backport shim already applies the rule to this class
-                return raw.__get__(self, cls)(*args, **kwargs)
+            shim = is_rule_wrapper(raw)
+            if shim is not None:  # the vllm-backport shim already applies the rule to this class
+                return call_rule_wrapper(shim, self, cls, args, kwargs)
             return call_rule(self, native_call, k, r, native, advertised, where, args, kwargs)
 
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *advertised.parameters.values()]
@@ -191,16 +192,27 @@ def _mode(module: Any, kind: str, t: Translated, explicit: Any) -> str:
     return str(mode) if mode is not None else TRAIN
 
 
-def is_rule_wrapper(raw: Any) -> bool:
-    """Whether `raw` (a class-dict entry) is a vllm-backport shim layer, which applies the call rule itself.
+def is_rule_wrapper(raw: Any) -> Any:
+    """The shim (our innermost wrapper) when `raw`, a class-dict entry, is a vllm-backport layer; else None.
 
     Decided from the object, not from the registry, so an uninstall racing with the call cannot
-    make the adapter call a bare MaxText method with kv_cache= (the object still wraps it).
+    make the adapter call a bare MaxText method with kv_cache= (the shim still wraps it).
     """
     from maxtext_compat.shims import patching
 
     layer = patching._OURS.get(id(raw))
-    return layer is not None and layer.profile == "vllm-backport" and layer.wrapper is raw
+    ours = layer is not None and layer.profile == "vllm-backport" and layer.wrapper is raw
+    return layer.shim if ours else None
+
+
+def call_rule_wrapper(shim: Any, module: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run the shim's rule wrapper itself, whether or not its profile is still installed.
+
+    Why not call the installed object: it runs the original once its profile is removed (so copies
+    taken while installed stop patching), and an uninstall racing with this call must not turn a new
+    call the adapter already handed to the shim into a bare MaxText call with kv_cache=.
+    """
+    return shim._self_wrapper(shim.__wrapped__.__get__(module, cls), module, args, kwargs)
 
 
 def call_rule(

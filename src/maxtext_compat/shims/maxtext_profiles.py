@@ -163,14 +163,34 @@ class _ConfigView:
         return getattr(object.__getattribute__(self, "_config"), name)
 
 
-def _call_unscanned(call: Any, module: Any, args: tuple, kwargs: dict) -> Any:
-    """Run the layer as if unscanned, so it returns (y, kv_cache) instead of dropping the cache."""
+def _call_unscanned(function: Any, call: Any, module: Any, args: tuple, kwargs: dict) -> Any:
+    """Run the layer as if unscanned, so it returns (y, kv_cache) instead of dropping the cache.
+
+    An NNX layer is shared (every thread calls the same instance): it runs as a twin that shares its
+    variables and submodules but holds the config view, so the layer itself is never changed and a
+    concurrent call sees its own config. A Linen layer is a per-`apply` clone: its config is swapped
+    for the call.
+    """
+    view = _ConfigView(module.config, scan_layers=False)
+    if "config" in getattr(module, "__dict__", {}) and not _is_linen(module):
+        twin = object.__new__(type(module))
+        twin.__dict__.update(module.__dict__)
+        twin.__dict__["config"] = view
+        return function(twin, *args, **kwargs)
     config = module.config
-    object.__setattr__(module, "config", _ConfigView(config, scan_layers=False))
+    object.__setattr__(module, "config", view)
     try:
         return call(*args, **kwargs)
     finally:
         object.__setattr__(module, "config", config)
+
+
+def _is_linen(module: Any) -> bool:
+    try:
+        from flax import linen
+    except ImportError:  # pragma: no cover - MaxText always brings flax
+        return False
+    return isinstance(module, linen.Module)
 
 
 def _scan_kv_fix(original: Any) -> Any:
@@ -179,6 +199,7 @@ def _scan_kv_fix(original: Any) -> Any:
     (y, stacked_kv, idx) carry of the Linen scan (0.2.2–0.2.4) and the per-layer kv_cache= of
     NNXDecoder's static unroll (0.2.5)."""
     sig = native_signature(original.function)
+    function = original.function
 
     def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         call, module, args = _unbound(wrapped, instance, args)
@@ -190,12 +211,12 @@ def _scan_kv_fix(original: Any) -> Any:
             y, stacked, idx = inputs
             bound.arguments["inputs"] = y
             bound.arguments["kv_cache"] = stacked[idx]
-            y2, kv = _call_unscanned(call, module, bound.args, bound.kwargs)
+            y2, kv = _call_unscanned(function, call, module, bound.args, bound.kwargs)
             if kv is not None and getattr(kv, "size", 0):
                 stacked = stacked.at[idx].set(kv)
             return (y2, stacked, idx + 1), None
         if bound.arguments.get("kv_cache") is not None:  # NNXDecoder's unroll: kv_cache= per layer
-            return _call_unscanned(call, module, bound.args, bound.kwargs)
+            return _call_unscanned(function, call, module, bound.args, bound.kwargs)
         return call(*args, **kwargs)
 
     return wrapper

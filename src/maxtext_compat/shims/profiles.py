@@ -63,6 +63,8 @@ class Profile:
 _PROFILES: dict[str, Profile] = {}
 _SPECS: dict[str, tuple[PatchSpec, ...]] = {}  # builder output, built at the first install
 _INSTALLED: dict[str, PatchSet] = {}  # insertion order = install order
+_EXPLICIT: set[str] = set()  # installed by install(): stays when the last `with patched()` block leaves
+_HOLDERS: dict[str, int] = {}  # profile -> `with patched()` blocks running with it, in every thread
 _CHOOSER: list[ProfileChooser | None] = [None]
 
 
@@ -190,6 +192,13 @@ def install(
     if name is None:
         log.info("maxtext-compat: the default-profile chooser selected no shim for this install")
         return None
+    patch_set = _install(name, stack)
+    with patching.LOCK:
+        _EXPLICIT.add(name)  # installed for good: a `with patched()` block leaving does not remove it
+    return patch_set
+
+
+def _install(name: str, stack: bool) -> PatchSet:
     with patching.LOCK:
         existing = _INSTALLED.get(name)
         prof = _get(name)
@@ -221,12 +230,23 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
         else:
             _get(profile)
             names = [profile] if profile in _INSTALLED else []
+        held = {n: _HOLDERS[n] for n in names if _HOLDERS.get(n)}
+        if held and not force:
+            raise ProfileError(
+                f"cannot uninstall {sorted(held)}: `with patched()` blocks still run with it",
+                argument=", ".join(sorted(held)),
+                expected="no active `with shims.patched(...)` block (in any thread)",
+                found=", ".join(f"{n}: {k} block(s)" for n, k in sorted(held.items())),
+                fix="let the blocks finish (the last one out removes a profile nobody installed for good), "
+                "or uninstall(force=True) to remove it under them",
+            )
         if not force and len(names) > 1:  # remove() checks a single profile itself
             for name in names:
                 patching.check_removable(_INSTALLED[name])
         for name in names:
             patching.remove(_INSTALLED[name], force=force)
             del _INSTALLED[name]
+            _EXPLICIT.discard(name)
     if names:
         log.info("maxtext-compat: uninstalled profile(s) %s", names)
     return names
@@ -257,19 +277,34 @@ def patched(
 ) -> Iterator[PatchSet | None]:
     """Install for the duration of a `with` block, even when the block raises.
 
-    A profile that was already installed on entry stays installed on exit (it belongs to
-    whoever installed it), so nested blocks and plugin-installed shims are safe.
+    The blocks of every thread share one count per profile: the profile stays installed while any
+    block runs, and the last block out removes it unless `install()` installed it for good (before
+    or during the blocks), so nested blocks, threads and plugin-installed shims are safe.
     """
     name = profile if profile is not None else default_profile(resolution)
     if name is None:
         yield None
         return
-    was_installed = installed(name)
-    patch_set = install(name, stack=stack)
+    with patching.LOCK:
+        _HOLDERS[name] = _HOLDERS.get(name, 0) + 1
+    try:
+        patch_set = _install(name, stack)
+    except BaseException:
+        _release(name, force)
+        raise
     try:
         yield patch_set
     finally:
-        if not was_installed:
+        _release(name, force)
+
+
+def _release(name: str, force: bool) -> None:
+    with patching.LOCK:
+        _HOLDERS[name] -= 1
+        if _HOLDERS[name]:
+            return
+        del _HOLDERS[name]
+        if name in _INSTALLED and name not in _EXPLICIT:
             uninstall(name, force=force)
 
 

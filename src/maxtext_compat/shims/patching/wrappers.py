@@ -95,10 +95,14 @@ def _wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, A
             found=type(wrapper_fn).__name__,
             fix=f"make {spec.describe_origin()} return the wrapper",
         )
-    shim = _ShimWrapper(original.raw, wrapper_fn)
+    # Enabled only while installed: a copy taken after install (`from pkg.mod import f` while the
+    # profile is active) still holds this object after uninstall, and must then run the original.
+    written: list[Any] = []
+    shim = _ShimWrapper(original.raw, wrapper_fn, enabled=lambda: id(written[0]) in _OURS)
     wrapper: Any = shim
     if spec.signature is not None:
         wrapper = _with_signature(shim, _signature(spec, original))
+    written.append(wrapper)
     if len(_BUILT) >= _BUILT_MAX:
         _BUILT.clear()
     _BUILT[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper)
