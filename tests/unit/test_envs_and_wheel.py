@@ -3,7 +3,6 @@ and the wheel carries compat_matrix.yaml so an installed package finds it withou
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -12,10 +11,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from env_specs import tiny_spec
 
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError
-from maxtext_compat.matrix import EnvironmentSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,20 +24,7 @@ pytestmark = [
 ]
 
 
-def _spec(**kw) -> EnvironmentSpec:
-    base = EnvironmentSpec(
-        name="tiny",
-        description="test",
-        python="3.12",
-        maxtext=None,
-        requirements=("six==1.17.0",),
-        no_deps=(),
-        overrides=(),
-        exclude_newer="2026-12-01T00:00:00Z",
-        env={},
-        serving=False,
-    )
-    return dataclasses.replace(base, **kw)
+_spec = tiny_spec
 
 
 @pytest.fixture

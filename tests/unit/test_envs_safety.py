@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import io
 import json
 import os
@@ -25,6 +24,7 @@ from unittest import mock
 
 import pytest
 import yaml
+from env_specs import tiny_spec
 
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError, MatrixError
@@ -38,20 +38,7 @@ pytestmark = pytest.mark.envs("unit")  # builds environments: once per matrix ru
 BAD_NAMES = ["..", ".", "", " ", "/abs", "a/b", "a\\b", ".hidden", "a b", "é", "a\n", "x" * 65, "-rf", "a\0b"]
 
 
-def _spec(name: str = "tiny", **kw) -> EnvironmentSpec:
-    base = EnvironmentSpec(
-        name=name,
-        description="test",
-        python="3.12",
-        maxtext=None,
-        requirements=("six==1.17.0",),
-        no_deps=(),
-        overrides=(),
-        exclude_newer="2026-12-01T00:00:00Z",
-        env={},
-        serving=False,
-    )
-    return dataclasses.replace(base, **kw)
+_spec = tiny_spec
 
 
 @pytest.fixture
