@@ -7,7 +7,8 @@ metadata. These are the same checks the dispatcher runs (paged.metadata_checks),
   anything runs; a typed error names the bad argument;
 - traced (inside jit): the values do not exist yet, so a host callback runs the same checks when the
   step executes; a bad step then fails as a JAX runtime error carrying the typed error's message, and
-  its outputs (the new caches) are never returned.
+  its outputs (the new caches) are never returned. The callback is the only op the adapter adds to a
+  jitted new call; MAXTEXT_COMPAT_TRACED_KV_CHECKS=0 leaves it out.
 Metadata converted from our RaggedMetadata also checks that its requests were not freed since and that
 it was built for this cache's page size.
 """
@@ -21,6 +22,11 @@ from typing import Any
 
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.paged.metadata import check_metadata, metadata_arrays, source_of
+from maxtext_compat.switches import env_flag
+
+# On by default. Off: a jitted step holds no host callback (the adapter then adds no op to MaxText's own
+# program), and its metadata is checked only where it is concrete (eager calls, the dispatcher).
+TRACED_CHECKS_ENV = "MAXTEXT_COMPAT_TRACED_KV_CHECKS"
 
 
 def _concrete(x: Any) -> bool:
@@ -31,7 +37,7 @@ def _concrete(x: Any) -> bool:
 
 def check_new_call(caches: Sequence[Any], metadata: Any, positions: Any, where: str) -> None:
     """Refuse a KV write the metadata does not describe exactly (see the module docstring)."""
-    if not all(hasattr(c, "shape") for c in caches):
+    if not all(hasattr(type(c), "shape") for c in caches):  # the type's, so no stand-in's __getattr__ runs
         return  # not arrays (a test's stand-ins): no paged write to check; the release refuses real misuse
     shapes = {tuple(c.shape) for c in caches}
     if len(shapes) != 1 or len(next(iter(shapes))) < 2:
@@ -52,6 +58,8 @@ def check_new_call(caches: Sequence[Any], metadata: Any, positions: Any, where: 
     if all(v is None or _concrete(v) for v in values):
         check(*values)
         return
+    if not env_flag(TRACED_CHECKS_ENV, default=True):
+        return  # the caller chose a step with no host callback in it (MAXTEXT_COMPAT_TRACED_KV_CHECKS=0)
     import jax
 
     jax.debug.callback(check, *values)
