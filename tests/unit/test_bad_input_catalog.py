@@ -38,6 +38,7 @@ from maxtext_compat.errors import (
     MatrixError,
     ProfileError,
     ResolutionError,
+    StaleSliceError,
     UnknownReleaseWarning,
 )
 
@@ -201,6 +202,20 @@ def check(kv_lens=(5, 0), page_indices=(0, 1, 2, 3), cu_q_lens=(0, 5, 5), distri
 
     args = {"num_pages": 16, "page_size": 16, "max_num_tokens": 8, **kw}
     return check_metadata(list(kv_lens), list(page_indices), list(cu_q_lens), list(distribution), **args)
+
+
+_ALIVE: list[Any] = []  # the allocator must outlive its slices for them to be stale (a dead one hands out nothing)
+
+
+def stale_slice() -> Any:
+    """A slice of request 'a', cut and then freed (its pages may belong to another request now)."""
+    from maxtext_compat.paged import PageAllocator
+
+    alloc = PageAllocator(16, 16)
+    _ALIVE.append(alloc)
+    cut = alloc.append("a", 5)
+    alloc.free("a")
+    return cut
 
 
 def allocator(num_pages: int = 2, page_size: int = 4) -> Any:
@@ -482,6 +497,22 @@ CASES: list[Case] = [
     Case("two-writers-one-page", "metadata arrays", "two sequences writing new tokens into page 0",
          lambda: check(kv_lens=(2, 2), page_indices=(0, 0), cu_q_lens=(0, 2, 4), distribution=(0, 0, 2)),
          InvalidArgumentError, ("[page_indices[1]]", "page 0"), "give each request its own pages"),
+    Case("page-listed-twice", "metadata arrays", "a block-table row listing page 3 twice for one 20-token request",
+         lambda: check(kv_lens=(20, 0), page_indices=(3, 3, 0, 0), cu_q_lens=(0, 8, 8), max_num_tokens=8,
+                       distribution=(0, 0, 1)), InvalidArgumentError,
+         ("[page_indices[1]]", "lists one page twice"), "give each position range its own page"),
+    Case("distribution-counts-fewer", "metadata arrays", "distribution[2] = 1 with two sequences in cu_q_lens",
+         lambda: check(kv_lens=(5, 3), page_indices=(0, 1, 2, 3), cu_q_lens=(0, 5, 8), distribution=(0, 0, 1)),
+         InvalidArgumentError, ("[distribution]", "never be written"), "set distribution[2]"),
+    Case("float-page-id", "metadata arrays", "page id 1.7 in page_indices",
+         lambda: check(page_indices=(1.7, 1, 2, 3)), InvalidArgumentTypeError, ("[page_indices[0]]", "truncated"),
+         "never round a page id"),
+    Case("negative-position", "metadata arrays", "input_positions[0] = -1 for a 5-token prefill",
+         lambda: check(input_positions=[-1, 1, 2, 3, 4]), InvalidArgumentError,
+         ("[input_positions[0]]", "RoPE"), "kv_len - q_len ... kv_len - 1"),
+    Case("slice-after-free", "metadata builder", "a SequenceSlice used after PageAllocator.free()",
+         lambda: build([stale_slice()], max_num_tokens=8, max_num_seqs=2, pages_per_seq=4), StaleSliceError,
+         ("[seqs[0] (request 'a')]", "was freed"), "cut a new slice with PageAllocator.append"),
     Case("more-tokens-than-q-rows", "metadata arrays", "cu_q_lens ends at 9 with 8 q rows",
          lambda: check(kv_lens=(9, 0), cu_q_lens=(0, 9, 9)), CacheCapacityError, ("[cu_q_lens]", "<= 8"),
          "pad q/k/v"),
