@@ -41,9 +41,35 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
     if res is not None:
         report["resolution"] = res.as_dict()
         report["skipped"] = _would_skip(res, m)
+    report["callers"] = _caller_convention(res)
     report["active_patches"] = _active_patches()
+    report["traced_before_install"] = _traced_before_install()
     report["side_effects"] = side_effects()
     return report
+
+
+def _traced_before_install() -> dict[str, list[str]]:
+    """Per installed profile, the jitted functions compiled before it (they may run unpatched code)."""
+    from maxtext_compat.shims import traced
+    from maxtext_compat.shims.registry import active_patches
+
+    profiles = dict.fromkeys(p.profile for p in active_patches())
+    return {name: list(traced.compiled_before(name)) for name in profiles if traced.compiled_before(name)}
+
+
+def _caller_convention(res: Resolution | None) -> dict[str, Any]:
+    """The caller convention in force outside any wrap(), where it came from, and what it overrides."""
+    from maxtext_compat import convention as callers
+
+    try:
+        found = callers.layers(None if res is None else res.maxtext)
+    except CompatError as exc:  # a bad $MAXTEXT_COMPAT_CONVENTION: shown, not raised
+        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    return {
+        "value": found[0].value,
+        "source": found[0].source,
+        "overridden": [{"value": d.value, "source": d.source} for d in found[1:]],
+    }
 
 
 def _active_patches() -> list[dict[str, Any]]:
@@ -111,6 +137,15 @@ def side_effects() -> dict[str, Any]:
     }
 
 
+def _render_callers(c: dict[str, Any]) -> list[str]:
+    if "error" in c:
+        return [f"caller convention: ERROR {c['error']['type']}: {c['error']['message']}"]
+    line = f"caller convention: {c['value']} (from {c['source']})"
+    if c["overridden"]:
+        line += "; overrides " + ", ".join(f"{d['value']} ({d['source']})" for d in c["overridden"])
+    return [line]
+
+
 def render(report: dict[str, Any]) -> str:
     lines: list[str] = []
     mtx = report["matrix"]
@@ -149,10 +184,16 @@ def render(report: dict[str, Any]) -> str:
                     lines.append(f"  MISMATCH {f['check']}: matrix {f['expected']}, installed {f['found']}")
         for note in res["notes"]:
             lines.append(f"note: {note}")
+    lines.extend(_render_callers(report["callers"]))
     patches = report["active_patches"]
     lines.append(f"active patches: {len(patches) or 'none'}")
     for p in patches:
         lines.append(f"  {p['target']} <- {p['origin']} ({p['profile']})")
+    for name, funcs in report.get("traced_before_install", {}).items():
+        lines.append(
+            f"  WARNING profile {name} was installed after {len(funcs)} jitted function(s) were compiled "
+            f"({', '.join(funcs[:5])}): any that traced its targets runs unpatched code until jax.clear_caches()"
+        )
     fx = report["side_effects"]
     effects = []
     if fx["xla_dump_flags"]:

@@ -79,6 +79,10 @@ class UnknownReleaseWarning(UserWarning):
     """An installed release is not in the matrix; the nearest row is used."""
 
 
+class TracedBeforeInstallWarning(UserWarning):
+    """A shim profile was installed after JAX compiled functions that may have traced its targets."""
+
+
 class ProbeMismatchWarning(UserWarning):
     """The installed MaxText disagrees with its matrix row (non-strict mode)."""
 

@@ -33,6 +33,9 @@ MATRIX_ENV_VAR = "MAXTEXT_COMPAT_MATRIX"
 
 Convention = Literal["legacy", "kv_return", "kv_scan_carry"]
 CONVENTIONS: tuple[str, ...] = ("legacy", "kv_return", "kv_scan_carry")
+# What the code *calling* MaxText expects: `auto` decides per call by what the caller wrote,
+# `legacy` always wants the old return, `kv_return` always the new one (see maxtext_compat.convention).
+CALLER_CONVENTIONS: tuple[str, ...] = ("auto", "legacy", "kv_return")
 POLICIES: tuple[str, ...] = ("ignore", "warn", "error")
 DECODER_KINDS: tuple[str, ...] = ("linen", "nnx")
 CALL_FORMS: tuple[str, ...] = ("curried", "flat")
@@ -171,6 +174,7 @@ class MaxTextRow:
     deprecation: Deprecation
     known_defects: tuple[KnownDefect, ...]
     notes: str = ""
+    callers: str = "auto"  # the caller convention code on this row gets unless it declares one
 
     @property
     def name(self) -> str:
@@ -582,7 +586,7 @@ def _check_disjoint(rows: tuple[TpuInferenceRow, ...], node: Node) -> None:
 _ROW_KEYS = {
     "release", "date", "source_commit", "import_root", "convention", "classes", "decoder_layers",
     "default_decoder", "returns", "params", "scan_kv_carry", "scan_kv_carry_layers", "vllm", "config",
-    "requires", "jax_verified", "deprecation", "known_defects", "notes",
+    "requires", "jax_verified", "deprecation", "known_defects", "notes", "callers",
 }  # fmt: skip
 
 
@@ -666,6 +670,7 @@ def _parse_row(n: Node) -> MaxTextRow:
         if n.optional("known_defects")
         else (),
         notes=n.child("notes").string() if n.optional("notes") else "",
+        callers=n.child("callers").choice(CALLER_CONVENTIONS) if n.optional("callers") else "auto",
     )
 
 

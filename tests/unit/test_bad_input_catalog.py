@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from maxtext_compat.adapters.policy import KVCacheNotUpdatedError, OldConventionError
+from maxtext_compat.convention import ConventionMismatchError
 from maxtext_compat.errors import (
     CacheCapacityError,
     CompatError,
@@ -38,6 +39,7 @@ from maxtext_compat.errors import (
     MatrixError,
     ProfileError,
     ResolutionError,
+    ShimRefusedError,
     StaleSliceError,
     UnknownReleaseWarning,
 )
@@ -153,6 +155,27 @@ def with_env(name: str, value: str, call: Callable[[], Any]) -> Callable[[], Any
             return call()
 
     return run
+
+
+def shims_install_convention(value: str) -> Any:
+    from maxtext_compat import shims
+
+    shims.register_profile("catalog-convention", list, replace=True)
+    try:
+        return shims.install("catalog-convention", convention=value)
+    finally:
+        shims.uninstall("catalog-convention")
+        shims.unregister_profile("catalog-convention")
+
+
+def validate_kernel_010(kernel: str) -> Any:
+    """MaxText 0.1.0's pyconfig.validate_attention_kernel as the vllm-backport shim wraps it."""
+    from maxtext_compat.shims.maxtext_profiles import _accept_vllm_rpa
+
+    def original(s: str) -> None:
+        raise ValueError("Invalid attention kernel was passed")  # what MaxText 0.1.0 raises (untyped)
+
+    return _accept_vllm_rpa(matrix().row("0.1.0"))(original)(original, None, (kernel,), {})
 
 
 def wrap(*args: Any, **kwargs: Any) -> Any:
@@ -378,6 +401,23 @@ CASES: list[Case] = [
     Case("bad-policy-in-wrap", "adapters", "`wrap(module, deprecation='sometimes')`",
          lambda: wrap(native("attention", "0.2.5")(), deprecation="sometimes"), InvalidArgumentError,
          ("[deprecation]", "sometimes"), "pass deprecation='ignore', 'warn' or 'error'"),
+    Case("new-call-under-declared-legacy", "adapters",
+         "`attention(x, x, kv_cache=None, attention_metadata=None)` when the caller convention is declared 'legacy'",
+         lambda: adapter("attention", "0.2.5", callers="legacy")("x", "x", kv_cache=None, attention_metadata=None),
+         ConventionMismatchError, ("[kv_cache / attention_metadata]", "declared 'legacy'", "compat_matrix.yaml row"),
+         "declare 'kv_return'"),
+    Case("bad-convention-in-wrap", "adapters", "`wrap(module, convention='tuple')`",
+         lambda: wrap(native("attention", "0.2.5")(), convention="tuple"), InvalidArgumentError,
+         ("[convention]", "'tuple'", "auto, legacy, kv_return"), "use 'kv_return'"),
+    Case("bad-convention-in-environment", "adapters", "`MAXTEXT_COMPAT_CONVENTION=new`, then an adapter call",
+         with_env("MAXTEXT_COMPAT_CONVENTION", "new", lambda: adapter("attention", "0.2.5")("x", "x")),
+         InvalidArgumentError, ("[MAXTEXT_COMPAT_CONVENTION]", "'new'"), "use 'kv_return'"),
+    Case("bad-convention-in-install", "shims", "`shims.install(profile, convention='new')`",
+         lambda: shims_install_convention("new"), InvalidArgumentError, ("[convention]", "'new'"), "use 'kv_return'"),
+    Case("batched-rpa-on-shimmed-0.1.0", "shims",
+         "`attention='vllm_batched_rpa'` in a MaxText 0.1.0 config under the vllm-backport shim",
+         lambda: validate_kernel_010("vllm_batched_rpa"), ShimRefusedError,
+         ("[attention]", "MaxText 0.1.0", "'vllm_batched_rpa'"), "set attention='vllm_rpa'"),
     Case("bad-policy-setter", "adapters", "`set_deprecation_policy('sometimes')`",
          lambda: set_policy("sometimes"), InvalidArgumentError, ("[policy]", "sometimes"),
          "set_deprecation_policy('ignore')"),

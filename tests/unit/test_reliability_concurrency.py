@@ -157,7 +157,7 @@ def specs(fake: FakeRelease, seen: Iterator[int]) -> list[PatchSpec]:
         *maxtext_profiles.defect_specs(row),
         PatchSpec(f"{row.classes['attention']}.__call__", counting, signature=maxtext_profiles._advertise("attention")),
         PatchSpec(f"{row.classes['attention_op']}.__init__", maxtext_profiles._vllm_rpa_op_is_dot_product),
-        PatchSpec(f"{row.config.pyconfig}:validate_attention_kernel", maxtext_profiles._accept_vllm_rpa),
+        PatchSpec(f"{row.config.pyconfig}:validate_attention_kernel", maxtext_profiles._accept_vllm_rpa(row)),
     ]
 
 

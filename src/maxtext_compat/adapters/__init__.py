@@ -5,6 +5,7 @@
     out = attn(x, x, pos, seg, model_mode="train")                                  # old call
     out, kv_cache = attn(x, x, pos, None, model_mode="autoregressive",
                          kv_cache=kv_cache, attention_metadata=md)                 # new call
+    attn = wrap(attention, convention="kv_return")   # code that unpacks (out, kv) on every call
 
 Importing this package imports neither jax nor MaxText.
 """
@@ -13,7 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["adapted_class", "set_deprecation_policy", "set_strict", "strict_mode", "wrap"]
+__all__ = [
+    "ConventionMismatchError",
+    "adapted_class",
+    "caller_convention",
+    "set_caller_convention",
+    "set_deprecation_policy",
+    "set_strict",
+    "strict_mode",
+    "wrap",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +35,8 @@ def __getattr__(name: str) -> Any:
         from maxtext_compat.adapters import policy
 
         return getattr(policy, name)
+    if name in ("caller_convention", "set_caller_convention", "ConventionMismatchError"):
+        from maxtext_compat import convention
+
+        return getattr(convention, name)
     raise AttributeError(name)

@@ -40,6 +40,7 @@ class Translated:
 
     kwargs: dict[str, Any]
     is_new: bool
+    written: bool = False  # the caller named kv_cache/attention_metadata (kv_caches)
     kv: Any = None  # kv_cache (attention / layer) or kv_caches (decoder / transformer)
     metadata: Any = None
     out_sharding: Any = None  # applied by the adapter when the release has no such parameter
@@ -73,17 +74,22 @@ def translate(
     kwargs: Mapping[str, Any],
     *,
     where: str,
+    force_new: bool = False,
 ) -> Translated:
-    """Bind against the advertised signature and produce the native keyword call."""
+    """Bind against the advertised signature and produce the native keyword call.
+
+    force_new: the caller declared `kv_return`, so a call naming no KV argument is a new call too.
+    """
     arguments = bind(advertised, args, kwargs, where)
     kv_name, md_name = NEW_PARAMS[kind]
     # What the caller wrote decides the convention, not the values: `kv_cache=None` is a new call
     # (code half-way through a migration passes None), and gets the new return.
-    is_new = kv_name in arguments or md_name in arguments
+    written = kv_name in arguments or md_name in arguments
+    is_new = written or force_new
     kv = arguments.pop(kv_name, None)
     md = arguments.pop(md_name, None)
     has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in native.parameters.values())
-    out = Translated(kwargs={}, is_new=is_new, kv=kv, metadata=md)
+    out = Translated(kwargs={}, is_new=is_new, written=written, kv=kv, metadata=md)
     if is_new and kv_name in native.parameters:
         out.kwargs[kv_name] = kv
         out.kwargs[md_name] = md

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from maxtext_compat import convention as callers
 from maxtext_compat.adapters import policy
 from maxtext_compat.adapters.returns import is_scan_carry, new_return, old_return
 from maxtext_compat.adapters.signature import KINDS, advertised_signature, kind_from_signature, native_signature
@@ -27,6 +28,7 @@ from maxtext_compat.matrix import MaxTextRow
 TRAIN = "train"
 _lock = threading.Lock()
 _ADAPTED: dict[tuple[type, str, str], type] = {}
+_DECLARING: dict[tuple[type, str], type] = {}
 
 ADAPTER_ATTRS = ("_mc_kind", "_mc_row", "_mc_native", "_mc_policy", "_mc_strict")
 
@@ -122,6 +124,7 @@ def wrap(
     kind: str | None = None,
     deprecation: str | None = None,
     strict: bool | None = None,
+    convention: str | None = None,
 ) -> Any:
     """Wrap a MaxText module (class or instance) so it takes both call conventions.
 
@@ -129,6 +132,8 @@ def wrap(
     adapted instance sharing the wrapped instance's variables (no copies). An unbound Linen
     instance gives an adapted clone (Linen modules hold no parameters; init/apply as usual).
     deprecation / strict override the matrix row's policy and strict mode for this adapter.
+    convention declares what the calling code expects ('legacy', 'kv_return' or 'auto'; see
+    maxtext_compat.convention); it holds for every instance of a wrapped class.
     """
     if deprecation is not None and deprecation not in ("ignore", "warn", "error"):
         raise InvalidArgumentError(
@@ -138,6 +143,7 @@ def wrap(
             found=repr(deprecation),
             fix="pass deprecation='ignore', 'warn' or 'error', or leave it out (None) to use the matrix row's policy",
         )
+    declared = None if convention is None else callers.check(convention, "convention")
     if isinstance(module, type):
         if deprecation is not None or strict is not None:
             raise InvalidArgumentError(
@@ -148,14 +154,37 @@ def wrap(
                 fix="use maxtext_compat.adapters.set_deprecation_policy / set_strict for classes, "
                 "or wrap an instance: wrap(module_instance, deprecation=..., strict=...)",
             )
-        return adapted_class(module, row=row, kind=kind)
-    cls = adapted_class(type(module), row=row, kind=kind)
+        return _declaring(adapted_class(module, row=row, kind=kind), declared)
+    cls = _declaring(adapted_class(type(module), row=row, kind=kind), declared)
     if type(module) is cls and deprecation is None and strict is None:
         return module
     new = _clone_into(module, cls)
     new.__dict__["_mc_policy"] = deprecation
     new.__dict__["_mc_strict"] = strict
     return new
+
+
+def _declaring(adapted: type, value: str | None) -> type:
+    """The adapted class itself, or its subclass that declares the caller convention `value` (cached).
+
+    A class attribute and not an instance one: Linen clones modules inside init/apply and keeps
+    only dataclass fields, so an instance attribute would be lost in the middle of a call.
+    """
+    if value is None or getattr(adapted, "_mc_convention", None) == value:
+        return adapted
+    base = adapted.__dict__.get("_mc_adapted", adapted)
+    key = (base, value)
+    with _lock:
+        found = _DECLARING.get(key)
+        if found is None:
+            namespace = {
+                "__module__": base.__module__,
+                "__qualname__": base.__qualname__,
+                "_mc_convention": value,
+                "_mc_adapted": base,
+            }
+            found = _DECLARING[key] = type(base.__name__, (base,), namespace)
+        return found
 
 
 def _clone_into(module: Any, cls: type) -> Any:
@@ -235,7 +264,11 @@ def call_rule(
     explicit_mode = None
     if "model_mode" in kwargs and "model_mode" not in native.parameters:
         explicit_mode = kwargs.pop("model_mode")  # a construction field in this release: consumed here
-    t = translate(kind, row, native, advertised, args, kwargs, where=where)
+    decl = callers.for_call(row, getattr(type(self), "_mc_convention", None))
+    force_new = decl.value == callers.KV_RETURN and (kind != "transformer" or _vllm_config(self, row))
+    t = translate(kind, row, native, advertised, args, kwargs, where=where, force_new=force_new)
+    if decl.value == callers.LEGACY and t.written:
+        _refuse_new_call(kind, where, decl)
     first = next(iter(t.kwargs.values()), None)
     if kind == "decoder_layer" and is_scan_carry(first):
         return native_call(self, **t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
@@ -278,6 +311,24 @@ def call_rule(
     if writes and policy.effective_strict(self.__dict__.get("_mc_strict")):
         _check_kv(kind, t.kv, result, where)
     return result
+
+
+def _vllm_config(module: Any, row: MaxTextRow) -> bool:
+    """Whether the module's config selects a vLLM attention mode (the Transformer then returns (hidden, kv))."""
+    modes = row.vllm.attention_modes if row.vllm else ("vllm_rpa",)
+    return getattr(getattr(module, "config", None), "attention", None) in modes
+
+
+def _refuse_new_call(kind: str, where: str, decl: callers.Declared) -> None:
+    names = f"{_kv_name(kind)} / attention_metadata"
+    raise callers.ConventionMismatchError(
+        f"{where} was called the new way ({names}) but the caller convention is declared 'legacy' (by {decl.source})",
+        argument=names,
+        expected="an old call (no KV arguments) under the declared 'legacy' convention",
+        found=f"a call naming {names}",
+        fix="declare 'kv_return' (or 'auto') for this code: wrap(module, convention='kv_return'), "
+        "with maxtext_compat.caller_convention('kv_return'), or $MAXTEXT_COMPAT_CONVENTION",
+    )
 
 
 def _kv_name(kind: str) -> str:

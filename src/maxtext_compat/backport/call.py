@@ -36,8 +36,14 @@ def backport_call(
             fix="construct the MaxText module with mesh=<the device mesh it runs on> before a new call",
         )
     rpa_mesh = rpa_mesh_for(mesh) if writes else None
+    kwargs = t.kwargs
+    if writes and kind == "attention":
+        # The attention op runs RPA; the layer itself runs in train mode so MaxText's own KV-cache
+        # variables are neither read nor written (0.2.x skips them the same way in vLLM mode). Set
+        # here, not only by the backport hook: the vllm-backport shim calls the original method.
+        kwargs = {**kwargs, "model_mode": hooks.TRAIN}
     with kv_session(caches, t.metadata, rpa_mesh, where, route=writes) as session:
-        result = native_call(module, **t.kwargs)
+        result = native_call(module, **kwargs)
         if writes:
             session.check_complete()
     updated = session.updated if writes else caches

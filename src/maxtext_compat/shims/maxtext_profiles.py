@@ -80,16 +80,37 @@ def _advertise(kind: str) -> Any:
     return source
 
 
-def _accept_vllm_rpa(original: Any) -> Any:
-    """pyconfig.validate_attention_kernel: also accept "vllm_rpa" (MaxText 0.2.x accepts it)."""
+BATCHED = "vllm_batched_rpa"
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        kernel = args[0] if args else kwargs.get("s")
-        if kernel == "vllm_rpa":
-            return None
-        return wrapped(*args, **kwargs)
 
-    return wrapper
+def _accept_vllm_rpa(row: MaxTextRow) -> Any:
+    """pyconfig.validate_attention_kernel: also accept "vllm_rpa" (MaxText 0.2.x accepts it).
+
+    "vllm_batched_rpa" (0.2.4+) is refused with a typed error: the backport runs one RPA call per
+    layer (tpu-inference's batched kernel is bound at its import, not per config), so accepting the
+    name would silently serve with the other kernel.
+    """
+
+    def factory(original: Any) -> Any:
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            kernel = args[0] if args else kwargs.get("s")
+            if kernel == "vllm_rpa":
+                return None
+            if kernel == BATCHED:
+                from maxtext_compat.errors import ShimRefusedError
+
+                raise ShimRefusedError(
+                    f"attention={BATCHED!r} is not available on MaxText {row.name} with the vllm-backport shim",
+                    argument="attention",
+                    expected="'vllm_rpa' (the backported vLLM path)",
+                    found=repr(kernel),
+                    fix="set attention='vllm_rpa'; the batched kernel needs MaxText 0.2.4 or newer",
+                )
+            return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    return factory
 
 
 def _vllm_rpa_op_is_dot_product(original: Any) -> Any:
@@ -138,7 +159,7 @@ def backport_specs(row: MaxTextRow) -> list[Any]:
         )
     specs.append(
         PatchSpec(
-            f"{row.config.pyconfig}:validate_attention_kernel", _accept_vllm_rpa, origin=f"{here}._accept_vllm_rpa"
+            f"{row.config.pyconfig}:validate_attention_kernel", _accept_vllm_rpa(row), origin=f"{here}._accept_vllm_rpa"
         )
     )
     return specs

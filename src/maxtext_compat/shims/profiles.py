@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from maxtext_compat.errors import InvalidArgumentError, ProfileError
-from maxtext_compat.shims import patching
+from maxtext_compat.shims import patching, traced
 from maxtext_compat.shims.patching import PatchSet, PatchSpec
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ _SPECS: dict[str, tuple[PatchSpec, ...]] = {}  # builder output, built at the fi
 _INSTALLED: dict[str, PatchSet] = {}  # insertion order = install order
 _EXPLICIT: set[str] = set()  # installed by install(): stays when the last `with patched()` block leaves
 _HOLDERS: dict[str, int] = {}  # profile -> `with patched()` blocks running with it, in every thread
+_DECLARED_BY: list[str] = []  # the profile whose install() declared the caller convention, if any
 _CHOOSER: list[ProfileChooser | None] = [None]
 
 
@@ -180,21 +181,36 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
 
 
 def install(
-    profile: str | None = None, *, stack: bool = False, resolution: Resolution | None = None
+    profile: str | None = None,
+    *,
+    stack: bool = False,
+    resolution: Resolution | None = None,
+    convention: str | None = None,
 ) -> PatchSet | None:
     """Install `profile` (or the chooser's pick) in this process; all of its patches or none.
 
     A no-op returning the active PatchSet when it is already installed. `stack=True` wraps
     targets someone else already wrapped instead of raising PatchConflictError. Returns
-    None only when the chooser decided no shim is needed.
+    None only when the chooser decided no shim is needed. `convention` declares what this
+    process's code expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see
+    maxtext_compat.convention) until the profile is uninstalled.
     """
+    from maxtext_compat import convention as callers
+
+    if convention is not None:
+        callers.check(convention, "convention")  # before any patch: all or nothing
     name = profile if profile is not None else default_profile(resolution)
     if name is None:
         log.info("maxtext-compat: the default-profile chooser selected no shim for this install")
+        if convention is not None:
+            callers.set_caller_convention(convention, source="shims.install(convention=)")
         return None
     patch_set = _install(name, stack)
     with patching.LOCK:
         _EXPLICIT.add(name)  # installed for good: a `with patched()` block leaving does not remove it
+    if convention is not None:
+        callers.set_caller_convention(convention, source=f"shims.install({name!r}, convention=)")
+        _DECLARED_BY[:] = [name]
     return patch_set
 
 
@@ -212,6 +228,7 @@ def _install(name: str, stack: bool) -> PatchSet:
             return existing
         patch_set = patching.apply(name, specs, stack=stack)
         _INSTALLED[name] = patch_set
+    traced.note_install(name, tuple(patch_set.targets))
     if log.isEnabledFor(logging.INFO):
         log.info("maxtext-compat: installed profile %r: %s", name, ", ".join(patch_set.targets) or "no targets")
     return patch_set
@@ -247,9 +264,21 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
             patching.remove(_INSTALLED[name], force=force)
             del _INSTALLED[name]
             _EXPLICIT.discard(name)
+            traced.note_uninstall(name)
+        if _DECLARED_BY and _DECLARED_BY[0] in names:
+            _forget_declaration(_DECLARED_BY.pop())
     if names:
         log.info("maxtext-compat: uninstalled profile(s) %s", names)
     return names
+
+
+def _forget_declaration(name: str) -> None:
+    """Uninstalling the profile that declared the process's caller convention removes the declaration."""
+    from maxtext_compat import convention as callers
+
+    current = callers.process_convention()
+    if current is not None and current.source == f"shims.install({name!r}, convention=)":
+        callers.set_caller_convention(None)
 
 
 def installed(profile: str | None = None) -> bool:

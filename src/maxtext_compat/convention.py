@@ -1,0 +1,136 @@
+"""The caller convention: which return shape the code calling a MaxText module expects.
+
+Why declared and not guessed: code written after MaxText PR #2616 does `out, _ = attention(x, ...)`
+on every call, with or without KV arguments; code written before does `out = attention(x, ...)`.
+A call without KV arguments looks the same from both, so only a declaration tells them apart
+(`auto` falls back to the per-call rule: naming kv_cache/attention_metadata is a new call).
+
+Where a declaration comes from, most specific first: `wrap(module, convention=...)`, a
+`with caller_convention(...)` block, the process (`set_caller_convention` or
+`shims.install(..., convention=...)`), `$MAXTEXT_COMPAT_CONVENTION`, the matrix row's `callers:`.
+MaxText's own code (and ours) always gets the installed release's convention: its calls are
+written for it, so a user's declaration never reaches inside the model.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from maxtext_compat.errors import CompatError, InvalidArgumentError
+from maxtext_compat.matrix import CALLER_CONVENTIONS, MaxTextRow
+
+ENV = "MAXTEXT_COMPAT_CONVENTION"
+AUTO, LEGACY, KV_RETURN = CALLER_CONVENTIONS
+
+
+class ConventionMismatchError(CompatError, TypeError):
+    """A call contradicts the declared caller convention (e.g. names kv_cache= under `legacy`)."""
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A caller convention and where it was declared (doctor and error messages show both)."""
+
+    value: str
+    source: str
+
+
+_scope: contextvars.ContextVar[Declared | None] = contextvars.ContextVar("maxtext_compat_caller", default=None)
+_lock = threading.Lock()
+_process: list[Declared] = []  # at most one: the process-wide declaration in code
+
+
+def check(value: object, argument: str) -> str:
+    """`value` if it names a caller convention, else a typed error naming `argument`."""
+    if isinstance(value, str) and value in CALLER_CONVENTIONS:
+        return value
+    raise InvalidArgumentError(
+        f"{argument} is not a caller convention",
+        argument=argument,
+        expected=f"one of {', '.join(CALLER_CONVENTIONS)}",
+        found=repr(value),
+        fix="use 'kv_return' for code that unpacks (out, kv_cache) on every call, 'legacy' for code written "
+        "before MaxText PR #2616, or 'auto' to decide per call by whether kv_cache= is passed",
+    )
+
+
+def set_caller_convention(value: str | None, *, source: str = "set_caller_convention()") -> Declared | None:
+    """Declare the convention of this process's calling code (None removes it); returns the previous one."""
+    declared = None if value is None else Declared(check(value, "convention"), source)
+    with _lock:
+        previous = _process[0] if _process else None
+        _process[:] = [] if declared is None else [declared]
+    return previous
+
+
+def process_convention() -> Declared | None:
+    with _lock:
+        return _process[0] if _process else None
+
+
+@contextmanager
+def caller_convention(value: str) -> Iterator[Declared]:
+    """Declare the caller convention for the calls made inside the block (this thread/task only)."""
+    declared = Declared(check(value, "convention"), "caller_convention() block")
+    token = _scope.set(declared)
+    try:
+        yield declared
+    finally:
+        _scope.reset(token)
+
+
+def from_environment() -> Declared | None:
+    raw = os.environ.get(ENV)
+    if raw is None or raw == "":
+        return None
+    return Declared(check(raw, ENV), f"${ENV}")
+
+
+def layers(row: MaxTextRow | None) -> list[Declared]:
+    """Every declaration that applies outside a wrap(), most specific first, ending with the default."""
+    found = [_scope.get(), process_convention(), from_environment()]
+    out = [d for d in found if d is not None]
+    if row is not None:
+        out.append(Declared(row.callers, f"compat_matrix.yaml row {row.name} (callers:)"))
+    else:
+        out.append(Declared(AUTO, "default"))
+    return out
+
+
+def declared(row: MaxTextRow | None, module_value: str | None = None) -> Declared:
+    """The convention in force for a call from user code on `row` (module_value: wrap(convention=))."""
+    if module_value is not None:
+        return Declared(module_value, "wrap(convention=)")
+    return layers(row)[0]
+
+
+def for_call(row: MaxTextRow, module_value: str | None = None) -> Declared:
+    """The convention for the call being made now: MaxText's own calls always get `auto`."""
+    decl = declared(row, module_value)
+    if decl.value != AUTO and _called_by_library():
+        return Declared(AUTO, "a call made by MaxText or maxtext-compat itself")
+    return decl
+
+
+# Frames of the call machinery between the caller and the module: skipped when looking for the caller.
+_MACHINERY = ("maxtext_compat.adapters", "maxtext_compat.shims", "maxtext_compat.backport", "maxtext_compat.convention")
+_PLUMBING = ("flax", "jax", "jaxlib", "wrapt", "contextlib", "functools")
+_LIBRARIES = ("MaxText", "maxtext", "maxtext_compat")
+
+
+def _called_by_library() -> bool:
+    """Whether the first frame outside the call machinery and flax/jax belongs to MaxText or to us."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        top = name.partition(".")[0]
+        if not (name.startswith(_MACHINERY) or top in _PLUMBING):
+            return top in _LIBRARIES
+        frame = frame.f_back
+    return False
