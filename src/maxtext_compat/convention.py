@@ -8,8 +8,8 @@ A call without KV arguments looks the same from both, so only a declaration tell
 Where a declaration comes from, most specific first: `wrap(module, convention=...)`, a
 `with caller_convention(...)` block, the process (`set_caller_convention` or
 `shims.install(..., convention=...)`), `$MAXTEXT_COMPAT_CONVENTION`, the matrix row's `callers:`.
-MaxText's own code (and ours) always gets the installed release's convention: its calls are
-written for it, so a user's declaration never reaches inside the model.
+MaxText's own code always gets the installed release's behaviour and ours the per-call rule: their
+calls are written for them, so a user's declaration never reaches inside the model.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from maxtext_compat.matrix import CALLER_CONVENTIONS, MaxTextRow
 
 ENV = "MAXTEXT_COMPAT_CONVENTION"
 AUTO, LEGACY, KV_RETURN = CALLER_CONVENTIONS
+NATIVE = "native"  # not declarable: what MaxText's own calls get (the release's behaviour, unchanged)
 
 
 class ConventionMismatchError(CompatError, TypeError):
@@ -111,26 +112,34 @@ def declared(row: MaxTextRow | None, module_value: str | None = None) -> Declare
 
 
 def for_call(row: MaxTextRow, module_value: str | None = None) -> Declared:
-    """The convention for the call being made now: MaxText's own calls always get `auto`."""
-    decl = declared(row, module_value)
-    if decl.value != AUTO and _called_by_library():
-        return Declared(AUTO, "a call made by MaxText or maxtext-compat itself")
-    return decl
+    """The convention for the call being made now.
+
+    MaxText's own calls get NATIVE: a call that names no KV argument runs exactly as the release
+    runs it (whatever it returns); one that does follows the per-call rule, so its KV writes are
+    checked. Calls made by maxtext-compat itself (serving, test helpers) follow the per-call rule.
+    """
+    caller = _caller_library()
+    if caller == "maxtext":
+        return Declared(NATIVE, "a call made by MaxText itself")
+    if caller == "ours":
+        return Declared(AUTO, "a call made by maxtext-compat itself")
+    return declared(row, module_value)
 
 
 # Frames of the call machinery between the caller and the module: skipped when looking for the caller.
 _MACHINERY = ("maxtext_compat.adapters", "maxtext_compat.shims", "maxtext_compat.backport", "maxtext_compat.convention")
 _PLUMBING = ("flax", "jax", "jaxlib", "wrapt", "contextlib", "functools")
-_LIBRARIES = ("MaxText", "maxtext", "maxtext_compat")
+_MAXTEXT = ("MaxText", "maxtext")
 
 
-def _called_by_library() -> bool:
-    """Whether the first frame outside the call machinery and flax/jax belongs to MaxText or to us."""
+def _caller_library() -> str | None:
+    """'maxtext' or 'ours' when the first frame outside the call machinery and flax/jax is MaxText's or
+    ours; None for any other code (the user's, tpu-inference's, vLLM's)."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         top = name.partition(".")[0]
         if not (name.startswith(_MACHINERY) or top in _PLUMBING):
-            return top in _LIBRARIES
+            return "maxtext" if top in _MAXTEXT else "ours" if top == "maxtext_compat" else None
         frame = frame.f_back
-    return False
+    return None

@@ -277,3 +277,53 @@ def test_kv_return_through_the_shim_leaves_maxtexts_own_old_calls_alone(transfor
                 callers.set_caller_convention(previous.value if previous else None)
     assert isinstance(logits, jax.Array)
     _equal(logits, native)
+
+
+@pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.2.3", "maxtext-0.2.2", "maxtext-0.2.1", "maxtext-0.2.0")
+def test_install_with_a_convention_puts_the_rule_into_maxtexts_own_classes(attention_run):
+    """shims.install(convention='legacy') on 0.2.x: MaxText's own (unwrapped) classes answer old code with the
+    old shape, a new call is refused, the Transformer still computes native logits through MaxText's own
+    calls inside it; uninstalling takes the call rule and the declaration away again."""
+    from maxtext_compat import doctor, shims
+
+    attn, run, native = attention_run
+    want = native()  # MaxText's own new call: made before the declaration refuses it
+    before = shims.active_profiles()
+    shims.install(convention="legacy")
+    try:
+        assert "call-rule" in shims.active_profiles()
+        out = run(attn)
+        assert isinstance(out, jax.Array)
+        _equal(out, want)
+        with pytest.raises(callers.ConventionMismatchError, match="shims.install"):
+            run(attn, NONES)
+        text = doctor.render(doctor.collect())
+        assert "caller convention: legacy (from shims.install(" in text
+    finally:
+        for name in reversed(shims.active_profiles()):
+            if name not in before:
+                shims.uninstall(name)
+    assert "call-rule" not in shims.active_profiles() and callers.process_convention() is None
+    assert isinstance(run(attn), tuple)  # MaxText 0.2.x's own return again
+
+
+@pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.2.3", "maxtext-0.2.2", "maxtext-0.2.1", "maxtext-0.2.0")
+def test_legacy_process_transformer_runs_maxtexts_own_calls_natively(transformer):
+    from maxtext_compat import shims
+
+    cfg, mesh, model = transformer
+    inp = tiny.tiny_inputs(cfg)
+    args = (inp["tokens"], inp["positions"], inp["segment_ids"])
+    before = shims.active_profiles()
+    with tiny.mesh_context(cfg, mesh):
+        native = nnx.jit(_fwd)(model, *args)
+        shims.install(convention="legacy")
+        try:
+            jax.clear_caches()
+            ours = nnx.jit(_fwd)(model, *args)
+        finally:
+            for name in reversed(shims.active_profiles()):
+                if name not in before:
+                    shims.uninstall(name)
+    assert isinstance(ours, jax.Array)
+    _equal(ours, native)

@@ -81,8 +81,8 @@ def _call_from(module_name: str, row) -> callers.Declared:
     [
         ("my_training_loop", "kv_return"),
         ("tpu_inference.models.jax.maxtext", "kv_return"),
-        ("MaxText.layers.decoders", "auto"),
-        ("maxtext.layers.attentions", "auto"),
+        ("MaxText.layers.decoders", "native"),
+        ("maxtext.layers.attentions", "native"),
         ("maxtext_compat.serving.backend", "auto"),
     ],
 )

@@ -269,6 +269,8 @@ def call_rule(
     t = translate(kind, row, native, advertised, args, kwargs, where=where, force_new=force_new)
     if decl.value == callers.LEGACY and t.written:
         _refuse_new_call(kind, where, decl)
+    if decl.value == callers.NATIVE and not t.written:
+        return native_call(self, **t.kwargs)  # MaxText's own call: exactly what the release returns
     first = next(iter(t.kwargs.values()), None)
     if kind == "decoder_layer" and is_scan_carry(first):
         return native_call(self, **t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention

@@ -19,6 +19,7 @@ from maxtext_compat.matrix import MaxTextRow
 
 BACKPORT = "vllm-backport"
 DEFECTS = "known-defects"
+CALL_RULE = "call-rule"
 TRAIN = "train"
 _registered = threading.Lock()
 
@@ -125,14 +126,14 @@ def _vllm_rpa_op_is_dot_product(original: Any) -> Any:
     return wrapper
 
 
-def backport_specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat.backport import hooks
+def rule_specs(row: MaxTextRow) -> list[Any]:
+    """The adapters' call rule in MaxText's own Attention, decoder layers, Decoder and Transformer classes."""
     from maxtext_compat.shims import PatchSpec
 
-    specs = [s for s in hooks.specs(row) if not s.target.endswith("Attention.__call__")]
+    specs = []
     here = __name__
-    for key, kind in (("attention", "attention"), ("decoder", "decoder"), ("transformer", "transformer"),
-                      ("transformer_linen", "transformer")):  # fmt: skip
+    for key, kind in (("attention", "attention"), ("decoder", "decoder"), ("nnx_decoder", "decoder"),
+                      ("transformer", "transformer"), ("transformer_linen", "transformer")):  # fmt: skip
         ref = row.classes.get(key)
         if ref is not None:
             specs.append(
@@ -152,6 +153,16 @@ def backport_specs(row: MaxTextRow) -> list[Any]:
                 origin=f"{here}._rule_factory('decoder_layer')",
             )
         )
+    return specs
+
+
+def backport_specs(row: MaxTextRow) -> list[Any]:
+    from maxtext_compat.backport import hooks
+    from maxtext_compat.shims import PatchSpec
+
+    here = __name__
+    specs = [s for s in hooks.specs(row) if not s.target.endswith("Attention.__call__")]
+    specs += rule_specs(row)
     op = row.classes["attention_op"]
     if op is not None:
         specs.append(
@@ -273,6 +284,20 @@ def defect_specs(row: MaxTextRow) -> list[Any]:
 # ----------------------------------------------------------------------------------------------
 
 
+def for_declared_convention(profile: str | None) -> str | None:
+    """What a declared caller convention needs besides `profile`: the call rule in MaxText's classes
+    (vllm-backport already holds it; without MaxText there is nothing to put it in)."""
+    from maxtext_compat.errors import ResolutionError
+
+    if profile == BACKPORT:
+        return None
+    try:
+        _row()
+    except ResolutionError:
+        return None
+    return CALL_RULE
+
+
 def choose(resolution: Any) -> str | None:
     """The profile `shims.install()` picks: the backport for pre-#2616 rows, else the defect fixes."""
     row = resolution.maxtext
@@ -294,10 +319,14 @@ def register() -> None:
     from maxtext_compat.shims import profiles
 
     with _registered:
-        if not {BACKPORT, DEFECTS} <= set(profiles._PROFILES):
+        if not {BACKPORT, DEFECTS, CALL_RULE} <= set(profiles._PROFILES):
             profiles.register_profile(BACKPORT, lambda: backport_specs(_row()), description=__doc__.splitlines()[0],
                                       replace=True)  # fmt: skip
             profiles.register_profile(DEFECTS, lambda: defect_specs(_row()),
                                       description="fixes listed in the matrix row", replace=True)  # fmt: skip
+            profiles.register_profile(CALL_RULE, lambda: rule_specs(_row()), replace=True,
+                                      description="the call rule (and a declared caller convention) in MaxText's "
+                                      "own classes")  # fmt: skip
+            profiles.set_convention_companion(for_declared_convention)
         if not profiles.has_default_profile_chooser():
             profiles.set_default_profile_chooser(choose)

@@ -67,6 +67,8 @@ _EXPLICIT: set[str] = set()  # installed by install(): stays when the last `with
 _HOLDERS: dict[str, int] = {}  # profile -> `with patched()` blocks running with it, in every thread
 _DECLARED_BY: list[str] = []  # the profile whose install() declared the caller convention, if any
 _CHOOSER: list[ProfileChooser | None] = [None]
+_COMPANION: list[Callable[[str | None], str | None] | None] = [None]
+_COMPANION_OF: dict[str, str] = {}  # profile -> the companion its install(convention=) installed
 
 
 def register_profile(name: str, builder: ProfileBuilder, *, description: str = "", replace: bool = False) -> None:
@@ -200,18 +202,41 @@ def install(
     if convention is not None:
         callers.check(convention, "convention")  # before any patch: all or nothing
     name = profile if profile is not None else default_profile(resolution)
-    if name is None:
+    companion = _COMPANION[0](name) if convention is not None and _COMPANION[0] is not None else None
+    if companion is not None and companion not in _PROFILES:
+        companion = None  # unregistered by the user: nothing to put the rule in
+    if name is None and companion is None:
         log.info("maxtext-compat: the default-profile chooser selected no shim for this install")
         if convention is not None:
             callers.set_caller_convention(convention, source="shims.install(convention=)")
         return None
-    patch_set = _install(name, stack)
+    names = [n for n in (name, companion) if n is not None]
+    installed_now = []
+    try:
+        for n in names:
+            was = n in _INSTALLED
+            patch_set = _install(n, stack)
+            if not was:
+                installed_now.append(n)
+    except BaseException:
+        for n in reversed(installed_now):  # all or nothing: the profile installed before the failure goes too
+            uninstall(n, force=True)
+        raise
     with patching.LOCK:
-        _EXPLICIT.add(name)  # installed for good: a `with patched()` block leaving does not remove it
+        _EXPLICIT.update(names)  # installed for good: a `with patched()` block leaving does not remove them
     if convention is not None:
-        callers.set_caller_convention(convention, source=f"shims.install({name!r}, convention=)")
-        _DECLARED_BY[:] = [name]
-    return patch_set
+        owner = names[0]
+        callers.set_caller_convention(convention, source=f"shims.install({owner!r}, convention=)")
+        _DECLARED_BY[:] = [owner]
+        if companion is not None and companion != owner and companion in installed_now:
+            _COMPANION_OF[owner] = companion  # uninstalling the owner removes what it brought
+    return _INSTALLED[names[0]]
+
+
+def set_convention_companion(companion: Callable[[str | None], str | None] | None) -> None:
+    """Set what install(convention=...) also installs for a profile (MaxText's: the call rule, see
+    maxtext_profiles.for_declared_convention): a declaration only reaches classes that apply the rule."""
+    _COMPANION[0] = companion
 
 
 def _install(name: str, stack: bool) -> PatchSet:
@@ -267,8 +292,12 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
             traced.note_uninstall(name)
         if _DECLARED_BY and _DECLARED_BY[0] in names:
             _forget_declaration(_DECLARED_BY.pop())
+        brought = [_COMPANION_OF.pop(n) for n in names if n in _COMPANION_OF]
     if names:
         log.info("maxtext-compat: uninstalled profile(s) %s", names)
+    for extra in brought:
+        if extra not in names:
+            names += uninstall(extra, force=force)
     return names
 
 
