@@ -67,11 +67,13 @@ OPTIONAL_PARAMS: tuple[str, ...] = (
 CLASS_KEYS: tuple[str, ...] = (
     "attention",
     "attention_op",
+    "mla",  # MaxText's multi-head latent attention: an Attention subclass with its own __call__
     "decoder",
     "nnx_decoder",
     "transformer",
     "transformer_linen",
 )
+OPTIONAL_CLASS_KEYS: frozenset[str] = frozenset({"mla"})  # a user's matrix may leave these out
 FAMILIES: tuple[str, ...] = ("default", "llama2", "qwen3", "gemma3")
 # An environment's name is a directory under the envs folder, built and deleted by `envs build`:
 # one path component, ASCII, starting with a letter or digit (so never `.`, `..`, hidden or empty).
@@ -598,8 +600,8 @@ def _parse_row(n: Node) -> MaxTextRow:
     classes_node.only_keys(set(CLASS_KEYS))
     classes: dict[str, ClassRef | None] = {}
     for key in CLASS_KEYS:
-        c = classes_node.child(key)
-        classes[key] = None if c.value is None else c.parsed(ClassRef.parse, "a 'module:Class' reference")
+        c = classes_node.optional(key) if key in OPTIONAL_CLASS_KEYS else classes_node.child(key)
+        classes[key] = None if c is None or c.value is None else c.parsed(ClassRef.parse, "a 'module:Class' reference")
     if classes["attention"] is None or classes["transformer"] is None:
         raise classes_node.error(
             "attention and transformer must name classes",

@@ -1,7 +1,8 @@
 """Tests written for either era run unchanged on every release once the caller convention is declared.
 
 Two test bodies in the style of MaxText's own attention tests (prefill, then autoregressive decode one
-token at a time through MaxText's *own* contiguous KV cache, against a full-sequence train-mode reference):
+token at a time through MaxText's *own* contiguous KV cache, against a full-sequence train-mode reference;
+f32 and bf16, cache-axis orders, reshape_q, sliding window, MLA):
 `old_era` unpacks nothing (written for MaxText 0.1.0), `new_era` unpacks `(out, kv_cache)` on every call,
 with no KV argument (written after PR #2616). Each release runs the body of its own era natively, and the
 other era's body unchanged under `shims.install(convention=...)`: `kv_return` on 0.1.0 (vllm-backport),
@@ -34,6 +35,7 @@ BATCH, TOTAL, PREFILL = 2, 24, 16
 # (bf16 rounds q/k/v differently in one pass and in the cache), so bf16 gets MaxText's bf16 tolerance.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 6e-2}
 
+MLA = {"q_lora_rank": 0, "kv_lora_rank": 32, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 128}
 VARIANTS = {
     "f32": {"dtype": "float32"},
     "bf16": {"dtype": "bfloat16"},
@@ -41,6 +43,7 @@ VARIANTS = {
     "cache-axes-0213": {"prefill_cache_axis_order": "0,2,1,3", "ar_cache_axis_order": "0,2,1,3"},
     "reshape-q": {"reshape_q": True},
     "sliding-window": {"sliding_window_size": 8},
+    "mla": {"attention_type": "mla", "base_num_kv_heads": 2, **MLA},
 }
 
 
@@ -73,12 +76,15 @@ BODIES = {"old": old_era, "new": new_era}
 
 
 def _attention(cfg, mesh, variant):
-    """A fresh MaxText Attention with the same weights every time (seed 0); local sliding for that variant."""
+    """A fresh MaxText Attention (MLA for that variant) with the same weights every time (seed 0)."""
     a = tiny.api()
-    kw = {}
+    kw: dict = {}
+    cls = a.cls("attention")
     if variant == "sliding-window":
         kw = {"attention_type": a.common_types.AttentionType.LOCAL_SLIDING, "sliding_window_size": 8}
-    return a.cls("attention")(
+    if variant == "mla":
+        cls, kw = a.cls("mla"), {"attention_type": a.common_types.AttentionType.MLA, **MLA}
+    return cls(
         config=cfg, num_query_heads=cfg.num_query_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         max_target_length=cfg.max_target_length, max_prefill_predict_length=cfg.max_prefill_predict_length,
         mesh=mesh, attention_kernel=cfg.attention, inputs_q_shape=(BATCH, TOTAL, cfg.emb_dim),
@@ -204,3 +210,20 @@ def test_the_other_eras_layer_test_runs_unchanged_and_equals_the_native_one(scan
     declared = _layer_run(scan, foreign, declare=FOREIGN[foreign])
     assert isinstance(declared, jax.Array) and declared.shape == native.shape == (BATCH, 16, declared.shape[-1])
     np.testing.assert_array_equal(np.asarray(declared), np.asarray(native))
+
+
+def test_mla_refuses_a_paged_cache_instead_of_returning_it_unwritten():
+    """MaxText's MLA has no ragged-paged-attention path in any release (0.2.x hands the cache back untouched)."""
+    from maxtext_compat.adapters import wrap
+    from maxtext_compat.errors import InvalidArgumentError
+
+    cfg = tiny.tiny_config("default", max_target_length=TOTAL, max_prefill_predict_length=PREFILL,
+                           **VARIANTS["mla"])  # fmt: skip
+    mesh = tiny.tiny_mesh(cfg)
+    x = jnp.ones((4, 1, cfg.emb_dim))
+    with tiny.mesh_context(cfg, mesh):
+        mla = wrap(_attention(cfg, mesh, "mla"))
+        with pytest.raises(InvalidArgumentError, match="multi-head latent attention") as e:
+            mla(x, x, jnp.zeros((4, 1), jnp.int32), None, model_mode="autoregressive", kv_cache=jnp.zeros((8, 16)),
+                attention_metadata=object())  # fmt: skip
+    assert e.value.argument == "kv_cache" and "(8, 16)" in str(e.value)

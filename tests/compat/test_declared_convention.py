@@ -295,7 +295,7 @@ def test_install_with_a_convention_puts_the_rule_into_maxtexts_own_classes(atten
         out = run(attn)
         assert isinstance(out, jax.Array)
         _equal(out, want)
-        with pytest.raises(callers.ConventionMismatchError, match="shims.install"):
+        with pytest.raises(callers.ConventionMismatchError, match=r"shims\.install"):
             run(attn, NONES)
         text = doctor.render(doctor.collect())
         assert "caller convention: legacy (from shims.install(" in text

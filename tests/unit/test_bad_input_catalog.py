@@ -157,6 +157,19 @@ def with_env(name: str, value: str, call: Callable[[], Any]) -> Callable[[], Any
     return run
 
 
+class FakeCache:
+    shape = (8, 16)
+
+
+def mla_adapter() -> Any:
+    """An adapter over a fake class named and placed as the 0.2.5 row's `mla` class (an Attention subclass)."""
+    from maxtext_compat.adapters.wrapper import adapted_class
+
+    ref = matrix().row("0.2.5").classes["mla"]
+    mla = type(ref.qualname, (native("attention", "0.2.5"),), {"__module__": ref.module})
+    return adapted_class(mla, row=matrix().row("0.2.5"), kind="attention")()
+
+
 def shims_install_convention(value: str) -> Any:
     from maxtext_compat import shims
 
@@ -406,6 +419,9 @@ CASES: list[Case] = [
          lambda: adapter("attention", "0.2.5", callers="legacy")("x", "x", kv_cache=None, attention_metadata=None),
          ConventionMismatchError, ("[kv_cache / attention_metadata]", "declared 'legacy'", "compat_matrix.yaml row"),
          "declare 'kv_return'"),
+    Case("paged-cache-into-mla", "adapters", "a new call with a paged `kv_cache=` on MaxText's MLA attention",
+         lambda: mla_adapter()("x", "x", kv_cache=FakeCache(), attention_metadata="MD", **NEW), InvalidArgumentError,
+         ("[kv_cache]", "multi-head latent attention", "(8, 16)"), "call MLA without kv_cache"),
     Case("bad-convention-in-wrap", "adapters", "`wrap(module, convention='tuple')`",
          lambda: wrap(native("attention", "0.2.5")(), convention="tuple"), InvalidArgumentError,
          ("[convention]", "'tuple'", "auto, legacy, kv_return"), "use 'kv_return'"),

@@ -28,7 +28,14 @@ from hypothesis import strategies as st
 from packaging.version import Version
 
 from maxtext_compat.errors import MatrixError
-from maxtext_compat.matrix import CONVENTIONS, POLICIES, RETURN_SHAPES, CompatMatrix, parse_matrix
+from maxtext_compat.matrix import (
+    CONVENTIONS,
+    OPTIONAL_CLASS_KEYS,
+    POLICIES,
+    RETURN_SHAPES,
+    CompatMatrix,
+    parse_matrix,
+)
 
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
 pytestmark = pytest.mark.envs("unit")
@@ -248,7 +255,8 @@ def check_round_trip(m: CompatMatrix, doc: dict[str, Any]) -> None:
         assert row.convention == d["convention"] and row.import_root == d["import_root"]
         assert row.attention_params == frozenset(d["params"]["attention"])
         assert row.decoder_layer_params == frozenset(d["params"]["decoder_layer"])
-        assert {k: None if v is None else str(v) for k, v in row.classes.items()} == d["classes"]
+        given = {**dict.fromkeys(OPTIONAL_CLASS_KEYS), **d["classes"]}  # an optional class left out is None
+        assert {k: None if v is None else str(v) for k, v in row.classes.items()} == given
         assert {k: str(v) for k, v in row.decoder_layers.items()} == d["decoder_layers"]
         assert dict(row.returns) == d["returns"]
         assert row.scan_kv_carry is d["scan_kv_carry"] and row.default_decoder == d["default_decoder"]

@@ -63,7 +63,7 @@ TRANSFORMER = (
 
 def class_source(key: str, name: str, era: str) -> str:
     """A fake class for a row's class key with the release's `__call__` parameters."""
-    if key == "attention":
+    if key in ("attention", "mla"):
         body = f"    def __call__(self, {ATTENTION[era]}):\n        return 'OUT'\n"
     elif key == "attention_op":
         body = (

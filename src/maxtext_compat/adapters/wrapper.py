@@ -45,6 +45,7 @@ def kind_of(cls: type, row: MaxTextRow) -> str:
     """Which layer kind a MaxText class is: by the matrix row's classes, then by its signature."""
     for key, kind in (
         ("attention", "attention"),
+        ("mla", "attention"),
         ("decoder", "decoder"),
         ("nnx_decoder", "decoder"),
         ("transformer", "transformer"),
@@ -300,6 +301,15 @@ def call_rule(
             found="None",
             fix=f"pass {missing}=...; build both with maxtext_compat.paged (layout + build_metadata)",
         )
+    if writes and kind == "attention" and _is_mla(self, row):
+        raise InvalidArgumentError(
+            f"{where}: MaxText's multi-head latent attention has no ragged-paged-attention path (MaxText {row.name})",
+            argument="kv_cache",
+            expected="None: MLA keeps its KV in MaxText's own cache (MaxText 0.2.x returns a paged cache unwritten)",
+            found=_describe_cache(t.kv),
+            fix="call MLA without kv_cache / attention_metadata (prefill / autoregressive use MaxText's own cache), "
+            "or serve a model whose attention is MaxText's Attention",
+        )
     if row.has_kv_params and (writes or kind == "transformer"):
         _check_native_vllm(self, row, where, kind)
     if row.has_kv_params:
@@ -331,6 +341,18 @@ def _refuse_new_call(kind: str, where: str, decl: callers.Declared) -> None:
         fix="declare 'kv_return' (or 'auto') for this code: wrap(module, convention='kv_return'), "
         "with maxtext_compat.caller_convention('kv_return'), or $MAXTEXT_COMPAT_CONVENTION",
     )
+
+
+def _is_mla(module: Any, row: MaxTextRow) -> bool:
+    ref = row.classes.get("mla")
+    if ref is None:
+        return False
+    return any(c.__name__ == ref.qualname and c.__module__ == ref.module for c in type(module).__mro__)
+
+
+def _describe_cache(cache: Any) -> str:
+    shape = getattr(cache, "shape", None)
+    return f"a paged cache of shape {tuple(shape)}" if shape is not None else type(cache).__name__
 
 
 def _kv_name(kind: str) -> str:

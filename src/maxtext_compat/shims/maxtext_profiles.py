@@ -132,8 +132,9 @@ def rule_specs(row: MaxTextRow) -> list[Any]:
 
     specs = []
     here = __name__
-    for key, kind in (("attention", "attention"), ("decoder", "decoder"), ("nnx_decoder", "decoder"),
-                      ("transformer", "transformer"), ("transformer_linen", "transformer")):  # fmt: skip
+    for key, kind in (("attention", "attention"), ("mla", "attention"), ("decoder", "decoder"),
+                      ("nnx_decoder", "decoder"), ("transformer", "transformer"),
+                      ("transformer_linen", "transformer")):  # fmt: skip
         ref = row.classes.get(key)
         if ref is not None:
             specs.append(

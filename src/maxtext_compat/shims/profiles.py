@@ -215,7 +215,7 @@ def install(
     try:
         for n in names:
             was = n in _INSTALLED
-            patch_set = _install(n, stack)
+            _install(n, stack)
             if not was:
                 installed_now.append(n)
     except BaseException:
