@@ -295,6 +295,7 @@ def test_install_with_a_convention_puts_the_rule_into_maxtexts_own_classes(atten
         out = run(attn)
         assert isinstance(out, jax.Array)
         _equal(out, want)
+        _equal(run(wrap(attn)), want)  # an adapter over the shimmed class: the rule is applied once
         with pytest.raises(callers.ConventionMismatchError, match=r"shims\.install"):
             run(attn, NONES)
         text = doctor.render(doctor.collect())
@@ -327,3 +328,29 @@ def test_legacy_process_transformer_runs_maxtexts_own_calls_natively(transformer
                     shims.uninstall(name)
     assert isinstance(ours, jax.Array)
     _equal(ours, native)
+
+
+@pytest.mark.envs("maxtext-0.2.5")
+def test_an_adapter_over_a_rule_shim_under_another_profile_applies_the_rule_once():
+    """known-defects stacked on top of call-rule (LlamaDecoderLayer): the adapter cannot see the rule shim
+    under the outer wrapper, so the shim passes the adapter's call through; an old call's y is the whole
+    batch, never `y[0]` taken twice (batch row 0)."""
+    from maxtext_compat import shims
+
+    cfg = tiny.tiny_config("default")
+    mesh = tiny.tiny_mesh(cfg)
+    before = shims.active_profiles()
+    native, _ = _run_layer("default", cfg, mesh, None)
+    shims.install("call-rule")
+    shims.install("known-defects")
+    try:
+        jax.clear_caches()
+        target = f"{ROW.decoder_layers['llama2']}.__call__"
+        assert {p.profile for p in shims.active_patches() if p.target == target} == {"known-defects", "call-rule"}
+        _, ours = _run_layer("default", cfg, mesh, None)
+    finally:
+        for name in reversed(shims.active_profiles()):
+            if name not in before:
+                shims.uninstall(name)
+    assert isinstance(ours, jax.Array) and ours.shape == _y(native).shape, type(ours)
+    _equal(ours, _y(native))

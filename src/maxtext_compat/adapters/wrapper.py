@@ -11,6 +11,7 @@ the convention the caller used (see returns.py). On a release without the vLLM p
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import inspect
 import threading
@@ -27,9 +28,13 @@ from maxtext_compat.matrix import MaxTextRow
 
 TRAIN = "train"
 _lock = threading.Lock()
+# The module whose call the adapter is running natively right now: a rule shim met on the way (one stacked
+# under another profile's wrapper, which is_rule_wrapper cannot see) must not apply the rule a second time.
+_RULE_APPLIED: contextvars.ContextVar[int] = contextvars.ContextVar("maxtext_compat_rule_applied", default=0)
 _ADAPTED: dict[tuple[type, str, str], type] = {}
 _DECLARING: dict[tuple[type, str], type] = {}
 
+RULE_PROFILES = ("vllm-backport", "call-rule")  # shim profiles whose class wrappers apply the call rule
 ADAPTER_ATTRS = ("_mc_kind", "_mc_row", "_mc_native", "_mc_policy", "_mc_strict")
 
 
@@ -90,7 +95,11 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
         where = f"{cls.__qualname__}.__call__"
 
         def native_call(module: Any, **kw: Any) -> Any:
-            return cls.__call__(module, **kw)  # looked up per call: backport hooks may be installed since
+            token = _RULE_APPLIED.set(id(module))  # a rule shim further down passes this call through
+            try:
+                return cls.__call__(module, **kw)  # looked up per call: backport hooks may be installed since
+            finally:
+                _RULE_APPLIED.reset(token)
 
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             raw = inspect.getattr_static(cls, "__call__")  # one read: the decision and the call agree
@@ -222,8 +231,16 @@ def _mode(module: Any, kind: str, t: Translated, explicit: Any) -> str:
     return str(mode) if mode is not None else TRAIN
 
 
+def rule_applied_to(module: Any) -> bool:
+    """Whether an adapter is applying the call rule to `module` in this call (the shim then passes through)."""
+    return _RULE_APPLIED.get() == id(module)
+
+
 def is_rule_wrapper(raw: Any) -> Any:
-    """The shim (our innermost wrapper) when `raw`, a class-dict entry, is a vllm-backport layer; else None.
+    """The shim (our innermost wrapper) when `raw`, a class-dict entry, applies the call rule; else None.
+
+    The adapter then runs that shim instead of applying the rule a second time (an old call would
+    otherwise be reduced twice: the second `out[0]` takes batch row 0).
 
     Decided from the object, not from the registry, so an uninstall racing with the call cannot
     make the adapter call a bare MaxText method with kv_cache= (the shim still wraps it).
@@ -231,7 +248,7 @@ def is_rule_wrapper(raw: Any) -> Any:
     from maxtext_compat.shims import patching
 
     layer = patching._OURS.get(id(raw))
-    ours = layer is not None and layer.profile == "vllm-backport" and layer.wrapper is raw
+    ours = layer is not None and layer.profile in RULE_PROFILES and layer.wrapper is raw
     return layer.shim if ours else None
 
 

@@ -45,7 +45,7 @@ def _unbound(wrapped: Any, instance: Any, args: tuple) -> tuple[Any, Any, tuple]
 
 def _rule_factory(kind: str, row: MaxTextRow) -> Any:
     def factory(original: Any) -> Any:
-        from maxtext_compat.adapters.wrapper import call_rule
+        from maxtext_compat.adapters.wrapper import call_rule, rule_applied_to
 
         native = native_signature(original.function)
         advertised = advertised_signature(native, kind)
@@ -53,6 +53,8 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
 
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             call, module, args = _unbound(wrapped, instance, args)
+            if rule_applied_to(module):  # an adapter applies the rule to this very call: once is enough
+                return call(*args, **kwargs)
             session = current()
             if session is not None and session.route:
                 # A call MaxText makes inside a backported step: the old convention, attention in train mode
@@ -155,6 +157,21 @@ def rule_specs(row: MaxTextRow) -> list[Any]:
             )
         )
     return specs
+
+
+def call_rule_specs(row: MaxTextRow) -> list[Any]:
+    """The call-rule profile: releases with the KV parameters (on older ones vllm-backport holds the rule)."""
+    if not row.has_kv_params:
+        from maxtext_compat.errors import ShimRefusedError
+
+        raise ShimRefusedError(
+            f"MaxText {row.name} has no KV parameters: the call rule comes with the backport there",
+            argument="profile",
+            expected=f"'{BACKPORT}' on MaxText {row.name}",
+            found=f"'{CALL_RULE}'",
+            fix=f"shims.install('{BACKPORT}') (or shims.install(convention=...), which picks it)",
+        )
+    return rule_specs(row)
 
 
 def backport_specs(row: MaxTextRow) -> list[Any]:
@@ -286,17 +303,19 @@ def defect_specs(row: MaxTextRow) -> list[Any]:
 
 
 def for_declared_convention(profile: str | None) -> str | None:
-    """What a declared caller convention needs besides `profile`: the call rule in MaxText's classes
-    (vllm-backport already holds it; without MaxText there is nothing to put it in)."""
+    """What a declared caller convention needs besides `profile`: the call rule in MaxText's classes.
+
+    On a release without the KV parameters the rule lives in vllm-backport (with the backport it
+    routes to); without MaxText there is nothing to put it in.
+    """
     from maxtext_compat.errors import ResolutionError
 
-    if profile == BACKPORT:
-        return None
     try:
-        _row()
+        row = _row()
     except ResolutionError:
         return None
-    return CALL_RULE
+    needed = CALL_RULE if row.has_kv_params else BACKPORT
+    return None if profile in (needed, BACKPORT) else needed
 
 
 def choose(resolution: Any) -> str | None:
@@ -325,7 +344,7 @@ def register() -> None:
                                       replace=True)  # fmt: skip
             profiles.register_profile(DEFECTS, lambda: defect_specs(_row()),
                                       description="fixes listed in the matrix row", replace=True)  # fmt: skip
-            profiles.register_profile(CALL_RULE, lambda: rule_specs(_row()), replace=True,
+            profiles.register_profile(CALL_RULE, lambda: call_rule_specs(_row()), replace=True,
                                       description="the call rule (and a declared caller convention) in MaxText's "
                                       "own classes")  # fmt: skip
             profiles.set_convention_companion(for_declared_convention)
