@@ -1,0 +1,64 @@
+"""Hugging Face Llama tensors -> the flat MaxText parameter tree (`weights.load_params` places it).
+
+Why these transposes and the query scale: MaxText stores dense kernels (in, out) split per head
+((emb, heads, head_dim) for q/k/v, (heads, head_dim, emb) for the output), and folds the softmax's
+1/sqrt(head_dim) into the query projection (its dot-product and RPA paths both use sm_scale=1), as
+MaxText's own Llama checkpoint converters do. Both 0.1.0 and 0.2.x name an unscanned Llama decoder
+the same way (see weights.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from maxtext_compat.convert.gguf_llama import LlamaCheckpoint, LlamaShape
+
+
+def maxtext_overrides(shape: LlamaShape) -> dict[str, Any]:
+    """The MaxText config keys that describe a model of `shape` (decoder_block llama2, unscanned)."""
+    return {
+        "decoder_block": "llama2",
+        "base_emb_dim": shape.hidden,
+        "base_mlp_dim": shape.mlp,
+        "base_num_query_heads": shape.heads,
+        "base_num_kv_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "base_num_decoder_layers": shape.layers,
+        "vocab_size": shape.vocab,
+        "rope_max_timescale": int(shape.rope_theta),
+        "normalization_layer_epsilon": shape.rms_eps,
+        "logits_via_embedding": shape.tied_embeddings,
+        "normalize_embedding_logits": False,
+        "mlp_activations": ["silu", "linear"],
+        "enable_dropout": False,
+        "scan_layers": False,
+    }
+
+
+def to_maxtext(ckpt: LlamaCheckpoint) -> dict[str, np.ndarray]:
+    """The flat {path: array} tree of an unscanned MaxText Llama decoder holding `ckpt`'s weights."""
+    s, t = ckpt.shape, ckpt.tensors
+    h, hd = s.hidden, s.head_dim
+    out = {
+        "token_embedder/embedding": t["model.embed_tokens.weight"],
+        "decoder/decoder_norm/scale": t["model.norm.weight"],
+    }
+    if not s.tied_embeddings:
+        out["decoder/logits_dense/kernel"] = t["lm_head.weight"].T
+    for i in range(s.layers):
+        src, dst = f"model.layers.{i}.", f"decoder/layers_{i}/"
+        q = t[src + "self_attn.q_proj.weight"].T.reshape(h, s.heads, hd) / np.sqrt(hd)
+        out |= {
+            dst + "pre_self_attention_layer_norm/scale": t[src + "input_layernorm.weight"],
+            dst + "post_self_attention_layer_norm/scale": t[src + "post_attention_layernorm.weight"],
+            dst + "self_attention/query/kernel": q.astype(np.float32),
+            dst + "self_attention/key/kernel": t[src + "self_attn.k_proj.weight"].T.reshape(h, s.kv_heads, hd),
+            dst + "self_attention/value/kernel": t[src + "self_attn.v_proj.weight"].T.reshape(h, s.kv_heads, hd),
+            dst + "self_attention/out/kernel": t[src + "self_attn.o_proj.weight"].T.reshape(s.heads, hd, h),
+            dst + "mlp/wi_0/kernel": t[src + "mlp.gate_proj.weight"].T,
+            dst + "mlp/wi_1/kernel": t[src + "mlp.up_proj.weight"].T,
+            dst + "mlp/wo/kernel": t[src + "mlp.down_proj.weight"].T,
+        }
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
