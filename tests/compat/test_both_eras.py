@@ -24,6 +24,7 @@ jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
 from maxtext_compat import shims  # noqa: E402
+from maxtext_compat.convention import set_caller_convention  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -113,6 +114,7 @@ def _run(variant, era, declare=None):
             for name in reversed(shims.active_profiles()):
                 if name not in before:
                     shims.uninstall(name)
+            set_caller_convention(None)  # the profile carrying it may have been installed before
 
 
 def _maxtexts_assertion(cfg, result, variant):
@@ -201,6 +203,7 @@ def _layer_run(scan, era, declare=None):
             for name in reversed(shims.active_profiles()):
                 if name not in before:
                     shims.uninstall(name)
+            set_caller_convention(None)  # the profile carrying it may have been installed before
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])

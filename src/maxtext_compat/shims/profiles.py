@@ -65,7 +65,7 @@ _SPECS: dict[str, tuple[PatchSpec, ...]] = {}  # builder output, built at the fi
 _INSTALLED: dict[str, PatchSet] = {}  # insertion order = install order
 _EXPLICIT: set[str] = set()  # installed by install(): stays when the last `with patched()` block leaves
 _HOLDERS: dict[str, int] = {}  # profile -> `with patched()` blocks running with it, in every thread
-_DECLARED_BY: list[str] = []  # the profile whose install() declared the caller convention, if any
+_DECLARED_BY: list[tuple[str, object]] = []  # (profile carrying it, declaration) of install(convention=)
 _CHOOSER: list[ProfileChooser | None] = [None]
 _COMPANION: list[Callable[[str | None], str | None] | None] = [None]
 _COMPANION_OF: dict[str, str] = {}  # profile -> the companion its install(convention=) installed
@@ -211,11 +211,12 @@ def install(
             callers.set_caller_convention(convention, source="shims.install(convention=)")
         return None
     names = [n for n in (name, companion) if n is not None]
-    installed_now = []
+    installed_now: list[str] = []
+    sets: dict[str, PatchSet] = {}
     try:
         for n in names:
             was = n in _INSTALLED
-            _install(n, stack)
+            sets[n] = _install(n, stack)
             if not was:
                 installed_now.append(n)
     except BaseException:
@@ -225,12 +226,14 @@ def install(
     with patching.LOCK:
         _EXPLICIT.update(names)  # installed for good: a `with patched()` block leaving does not remove them
     if convention is not None:
-        owner = names[0]
-        callers.set_caller_convention(convention, source=f"shims.install({owner!r}, convention=)")
-        _DECLARED_BY[:] = [owner]
-        if companion is not None and companion != owner and companion in installed_now:
-            _COMPANION_OF[owner] = companion  # uninstalling the owner removes what it brought
-    return _INSTALLED[names[0]]
+        # The declaration lives as long as the profile that carries the rule: the companion when one was
+        # needed (without it the declaration reaches nothing), else the profile itself.
+        owner = companion if companion is not None else names[0]
+        callers.set_caller_convention(convention, source=f"shims.install({name or owner!r}, convention=)")
+        _DECLARED_BY[:] = [(owner, callers.process_convention())]
+        if companion is not None and name is not None and companion in installed_now:
+            _COMPANION_OF[name] = companion  # uninstalling the profile removes what it brought
+    return sets[names[0]]
 
 
 def set_convention_companion(companion: Callable[[str | None], str | None] | None) -> None:
@@ -290,8 +293,8 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
             del _INSTALLED[name]
             _EXPLICIT.discard(name)
             traced.note_uninstall(name)
-        if _DECLARED_BY and _DECLARED_BY[0] in names:
-            _forget_declaration(_DECLARED_BY.pop())
+        if _DECLARED_BY and _DECLARED_BY[0][0] in names:
+            _forget_declaration(_DECLARED_BY.pop()[1])
         brought = [_COMPANION_OF.pop(n) for n in names if n in _COMPANION_OF]
     if names:
         log.info("maxtext-compat: uninstalled profile(s) %s", names)
@@ -301,12 +304,12 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
     return names
 
 
-def _forget_declaration(name: str) -> None:
-    """Uninstalling the profile that declared the process's caller convention removes the declaration."""
+def _forget_declaration(declared: object) -> None:
+    """Uninstalling the profile that carries a declared caller convention removes the declaration
+    (unless something declared another one since)."""
     from maxtext_compat import convention as callers
 
-    current = callers.process_convention()
-    if current is not None and current.source == f"shims.install({name!r}, convention=)":
+    if callers.process_convention() is declared:
         callers.set_caller_convention(None)
 
 
