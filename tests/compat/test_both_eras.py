@@ -48,6 +48,14 @@ VARIANTS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _builtin_profiles():
+    """MaxText's profiles and default chooser (unit tests before this module may have cleared them)."""
+    from maxtext_compat.shims import maxtext_profiles
+
+    maxtext_profiles.register()
+
+
 def old_era(attention, x, pos, seg):
     """Written for MaxText 0.1.0: every call returns the attention output."""
     full = attention(x, x, pos, seg, deterministic=True, model_mode="train")

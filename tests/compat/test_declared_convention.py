@@ -28,6 +28,14 @@ FAMILIES = {"default": "llama2", "qwen3": "qwen3", "gemma3": "gemma3"}
 NONES = {"kv_cache": None, "attention_metadata": None}
 
 
+@pytest.fixture(autouse=True)
+def _builtin_profiles():
+    """MaxText's profiles and default chooser (unit tests before this module may have cleared them)."""
+    from maxtext_compat.shims import maxtext_profiles
+
+    maxtext_profiles.register()
+
+
 def _equal(a, b):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -52,6 +52,14 @@ def setup(kernel):
     return cfg, mesh, layout, md, x, tokens, np.asarray(pos)
 
 
+@pytest.fixture(autouse=True)
+def _builtin_profiles():
+    """MaxText's profiles and default chooser (unit tests before this module may have cleared them)."""
+    from maxtext_compat.shims import maxtext_profiles
+
+    maxtext_profiles.register()
+
+
 def _shape(a, layout_name):
     """(T, 1, ...) tokens first, or (1, T, ...) one batch row of T tokens: both are accepted by MaxText 0.2.x."""
     a = jnp.asarray(a)

@@ -315,7 +315,10 @@ def for_declared_convention(profile: str | None) -> str | None:
     except ResolutionError:
         return None
     needed = CALL_RULE if row.has_kv_params else BACKPORT
-    return None if profile in (needed, BACKPORT) else needed
+    if profile in (needed, BACKPORT):
+        return None
+    register()  # puts back a built-in profile someone unregistered: the declaration needs it
+    return needed
 
 
 def choose(resolution: Any) -> str | None:

@@ -204,7 +204,14 @@ def install(
     name = profile if profile is not None else default_profile(resolution)
     companion = _COMPANION[0](name) if convention is not None and _COMPANION[0] is not None else None
     if companion is not None and companion not in _PROFILES:
-        companion = None  # unregistered by the user: nothing to put the rule in
+        raise ProfileError(
+            f"install(convention={convention!r}) needs profile {companion!r}, which is not registered",
+            argument="convention",
+            expected=f"profile {companion!r} registered (it puts the call rule into MaxText's own classes)",
+            found=f"registered profiles {sorted(_PROFILES)}",
+            fix="register it again (maxtext_compat.shims.maxtext_profiles.register()), or declare the convention "
+            "per module with adapters.wrap(module, convention=...)",
+        )
     if name is None and companion is None:
         log.info("maxtext-compat: the default-profile chooser selected no shim for this install")
         if convention is not None:
