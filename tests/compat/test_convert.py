@@ -5,14 +5,15 @@ The real SmolLM2 file is converted and run against Hugging Face in tests/compat/
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maxtext_compat.convert import LlamaCheckpoint, LlamaShape, to_maxtext
-from maxtext_compat.convert.gguf_llama import check_tensors, expected_shapes, hf_name, unpermute
-from maxtext_compat.errors import WeightsMismatchError
+np = pytest.importorskip("numpy")  # the unit environment has none (as every tests/compat module there)
+
+from maxtext_compat.convert import LlamaCheckpoint, LlamaShape, to_maxtext  # noqa: E402
+from maxtext_compat.convert.gguf_llama import check_tensors, expected_shapes, hf_name, unpermute  # noqa: E402
+from maxtext_compat.errors import WeightsMismatchError  # noqa: E402
 
 pytestmark = pytest.mark.envs("maxtext-0.2.5")  # plain numpy; one environment is enough
 
