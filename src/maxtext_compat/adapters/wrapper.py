@@ -356,7 +356,7 @@ def _refuse_new_call(kind: str, where: str, decl: callers.Declared) -> None:
         expected="an old call (no KV arguments) under the declared 'legacy' convention",
         found=f"a call naming {names}",
         fix="declare 'kv_return' (or 'auto') for this code: wrap(module, convention='kv_return'), "
-        "with maxtext_compat.caller_convention('kv_return'), or $MAXTEXT_COMPAT_CONVENTION",
+        "with maxtext_compat.adapters.caller_convention('kv_return'), or $MAXTEXT_COMPAT_CONVENTION",
     )
 
 
