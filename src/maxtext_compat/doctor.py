@@ -54,7 +54,7 @@ def _traced_before_install() -> dict[str, list[str]]:
     from maxtext_compat.shims.registry import active_patches
 
     profiles = dict.fromkeys(p.profile for p in active_patches())
-    return {name: list(traced.compiled_before(name)) for name in profiles if traced.compiled_before(name)}
+    return {name: list(funcs) for name in profiles if (funcs := traced.compiled_before(name))}
 
 
 def _caller_convention(res: Resolution | None) -> dict[str, Any]:

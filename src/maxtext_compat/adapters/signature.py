@@ -13,6 +13,15 @@ import inspect
 from typing import Any
 
 KINDS: tuple[str, ...] = ("attention", "decoder_layer", "decoder", "transformer")
+# The matrix row's class keys and the kind each is (decoder layers are listed per family, not here).
+CLASS_KINDS: tuple[tuple[str, str], ...] = (
+    ("attention", "attention"),
+    ("mla", "attention"),
+    ("decoder", "decoder"),
+    ("nnx_decoder", "decoder"),
+    ("transformer", "transformer"),
+    ("transformer_linen", "transformer"),
+)
 
 # Every keyword parameter the kind has had in any release (from the wheels of 0.1.0 .. 0.2.5).
 UNION_PARAMS: dict[str, tuple[str, ...]] = {

@@ -106,13 +106,14 @@ def translate(
                 f"MaxText {row.name} cannot take `{name}` in {where}: {reason}",
                 argument=name,
                 expected=f"None (MaxText {row.name} has no `{name}` parameter)",
-                found=_describe(value),
+                found=describe(value),
                 fix=reason,
             )
     return out
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """An argument's value for an error message: type and shape for arrays, a short repr otherwise."""
     shape = getattr(value, "shape", None)
     if shape is not None:
         return f"{type(value).__name__} of shape {tuple(shape)}"

@@ -21,8 +21,14 @@ from typing import Any
 from maxtext_compat import convention as callers
 from maxtext_compat.adapters import policy
 from maxtext_compat.adapters.returns import is_scan_carry, new_return, old_return
-from maxtext_compat.adapters.signature import KINDS, advertised_signature, kind_from_signature, native_signature
-from maxtext_compat.adapters.translate import Translated, check_kv_writes, translate
+from maxtext_compat.adapters.signature import (
+    CLASS_KINDS,
+    KINDS,
+    advertised_signature,
+    kind_from_signature,
+    native_signature,
+)
+from maxtext_compat.adapters.translate import Translated, check_kv_writes, describe, translate
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.matrix import MaxTextRow
 
@@ -48,16 +54,8 @@ def _row(row: MaxTextRow | None) -> MaxTextRow:
 
 def kind_of(cls: type, row: MaxTextRow) -> str:
     """Which layer kind a MaxText class is: by the matrix row's classes, then by its signature."""
-    for key, kind in (
-        ("attention", "attention"),
-        ("mla", "attention"),
-        ("decoder", "decoder"),
-        ("nnx_decoder", "decoder"),
-        ("transformer", "transformer"),
-        ("transformer_linen", "transformer"),
-    ):
-        ref = row.classes.get(key)
-        if ref is not None and ref.qualname == cls.__name__ and cls.__module__ == ref.module:
+    for key, kind in CLASS_KINDS:
+        if _is_row_class(cls, row.classes.get(key)):
             return kind
     found = kind_from_signature(native_signature(cls.__call__))
     if found is None:
@@ -323,7 +321,7 @@ def call_rule(
             f"{where}: MaxText's multi-head latent attention has no ragged-paged-attention path (MaxText {row.name})",
             argument="kv_cache",
             expected="None: MLA keeps its KV in MaxText's own cache (MaxText 0.2.x returns a paged cache unwritten)",
-            found=_describe_cache(t.kv),
+            found=describe(t.kv),
             fix="call MLA without kv_cache / attention_metadata (prefill / autoregressive use MaxText's own cache), "
             "or serve a model whose attention is MaxText's Attention",
         )
@@ -360,16 +358,14 @@ def _refuse_new_call(kind: str, where: str, decl: callers.Declared) -> None:
     )
 
 
+def _is_row_class(cls: type, ref: Any) -> bool:
+    """Whether `cls` is the class a matrix row names (`ref`, a ClassRef or None)."""
+    return ref is not None and cls.__name__ == ref.qualname and cls.__module__ == ref.module
+
+
 def _is_mla(module: Any, row: MaxTextRow) -> bool:
     ref = row.classes.get("mla")
-    if ref is None:
-        return False
-    return any(c.__name__ == ref.qualname and c.__module__ == ref.module for c in type(module).__mro__)
-
-
-def _describe_cache(cache: Any) -> str:
-    shape = getattr(cache, "shape", None)
-    return f"a paged cache of shape {tuple(shape)}" if shape is not None else type(cache).__name__
+    return any(_is_row_class(c, ref) for c in type(module).__mro__)
 
 
 def _kv_name(kind: str) -> str:

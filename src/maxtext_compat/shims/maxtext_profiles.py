@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from maxtext_compat.adapters.signature import advertised_signature, native_signature
+from maxtext_compat.adapters.signature import CLASS_KINDS, advertised_signature, native_signature
 from maxtext_compat.backport.session import current
 from maxtext_compat.matrix import MaxTextRow
 
@@ -134,9 +134,7 @@ def rule_specs(row: MaxTextRow) -> list[Any]:
 
     specs = []
     here = __name__
-    for key, kind in (("attention", "attention"), ("mla", "attention"), ("decoder", "decoder"),
-                      ("nnx_decoder", "decoder"), ("transformer", "transformer"),
-                      ("transformer_linen", "transformer")):  # fmt: skip
+    for key, kind in CLASS_KINDS:
         ref = row.classes.get(key)
         if ref is not None:
             specs.append(

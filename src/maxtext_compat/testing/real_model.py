@@ -7,6 +7,7 @@ The independent reference is Hugging Face transformers reading the same file its
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,16 +107,12 @@ def _forward_fn(m: Any, tokens: Any, pos: Any, seg: Any) -> Any:
     return m(tokens, pos, decoder_segment_ids=seg, enable_dropout=False)
 
 
-_JITTED: list[Any] = []
-
-
+@functools.cache
 def _jitted_forward() -> Any:
     """One jitted forward per process, so every greedy step of every test reuses its compilation."""
     from flax import nnx
 
-    if not _JITTED:
-        _JITTED.append(nnx.jit(_forward_fn))
-    return _JITTED[0]
+    return nnx.jit(_forward_fn)
 
 
 def maxtext_greedy(cfg: Any, mesh: Any, model: Any, prompts: Sequence[Sequence[int]],
