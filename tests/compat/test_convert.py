@@ -78,3 +78,46 @@ def test_the_maxtext_tree_computes_what_the_hugging_face_projections_compute():
     np.testing.assert_allclose(x @ flat[d + "mlp/wi_0/kernel"], tensors[p + "mlp.gate_proj.weight"] @ x, rtol=1e-5)
     assert "decoder/logits_dense/kernel" not in flat  # tied embeddings: MaxText attends on the embedding table
     assert len(flat) == 2 + 9 * SHAPE.layers
+
+
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+class _Reader:
+    """Just enough of gguf.GGUFReader for the metadata checks: fields by name, no tensors."""
+
+    def __init__(self, **fields):
+        self.fields = {k: _Field(v) for k, v in fields.items()}
+        self.tensors = []
+
+
+def test_a_model_of_another_architecture_is_refused_by_name():
+    from maxtext_compat.convert.gguf_llama import read_shape
+    from maxtext_compat.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as e:
+        read_shape(_Reader(**{"general.architecture": "gemma3"}), "g.gguf")
+    assert e.value.argument == "general.architecture" and "'gemma3'" in str(e.value) and "llama" in str(e.value)
+
+
+def test_a_path_that_is_not_a_file_is_refused(tmp_path):
+    from maxtext_compat.convert import read_gguf
+    from maxtext_compat.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as e:
+        read_gguf(tmp_path / "missing.gguf")
+    assert e.value.argument == "path" and "missing.gguf" in str(e.value)
+
+
+def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused():
+    from maxtext_compat.convert import tokenizer_from_gguf
+    from maxtext_compat.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as e:
+        tokenizer_from_gguf(_Reader(**{"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default"}))
+    assert "llama / default" in str(e.value) and "tokenizer.json" in str(e.value)
