@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MARK = "@bench-row "  # MaxText and absl print to stdout too: rows carry a marker
 CPU_ENV = {"JAX_PLATFORMS": "cpu", "TPU_NAME": "cpu-test", "TPU_WORKER_ID": "0", "TPU_ACCELERATOR_TYPE": "cpu"}
-SECTIONS = ("traced cost", "eager overhead", "import cost", "paged decode", "memory")
+SECTIONS = ("traced cost", "eager overhead", "import cost", "paged decode", "real model", "memory")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +120,9 @@ JOBS = (
     Job("maxtext-0.1.0", ("bench_traced",), timed=False),
     Job("unit", ("bench_eager",), timed=True),  # the adapter's own cost, on pure-Python fake modules
     # bench_import first: it times MaxText's own import in a fresh process as the reference.
-    Job("maxtext-0.2.5", ("bench_import", "bench_memory", "bench_eager", "bench_decode"), timed=True),
+    Job(
+        "maxtext-0.2.5", ("bench_import", "bench_memory", "bench_eager", "bench_decode", "bench_real_model"), timed=True
+    ),
     Job("maxtext-0.1.0-jax011", ("bench_eager", "bench_decode"), timed=True),  # decode reads 0.2.5's files
 )
 

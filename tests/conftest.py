@@ -32,6 +32,8 @@ if _TESTS_DIR not in sys.path:
 ENV_NAME = os.environ.get("MAXTEXT_COMPAT_ENV", "")
 HAS_MAXTEXT = detect_import_root() is not None
 HAS_TPU_INFERENCE = importlib.util.find_spec("tpu_inference") is not None
+# Tests marked `extended` (real-model serving beyond make test's set) run only with this set to 1.
+EXTENDED_ENV = "MAXTEXT_COMPAT_EXTENDED"
 
 
 @functools.cache  # one resolve per session, not one per marked test
@@ -63,6 +65,8 @@ def _why_inapplicable(item: pytest.Item) -> str | None:
             )
         if ENV_NAME not in envs_marker.args:
             return f"runs only in {', '.join(envs_marker.args)}"
+    if item.get_closest_marker("extended") is not None and os.environ.get(EXTENDED_ENV) != "1":
+        return f"extended: runs with {EXTENDED_ENV}=1 (make test-extended)"
     if item.get_closest_marker("needs_maxtext") is not None and not HAS_MAXTEXT:
         return "needs MaxText"
     if item.get_closest_marker("needs_tpu_inference") is not None and not HAS_TPU_INFERENCE:

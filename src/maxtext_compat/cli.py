@@ -1,4 +1,4 @@
-"""The `maxtext-compat` command line: doctor, resolve, envs, matrix.
+"""The `maxtext-compat` command line: doctor, resolve, envs, matrix, demo, convert, serve.
 
 Why thin: every command is a view over library functions (doctor.collect, resolve,
 envs.build, testmatrix.run_matrix) so what the CLI prints is what the tests assert.
@@ -7,8 +7,10 @@ envs.build, testmatrix.run_matrix) so what the CLI prints is what the tests asse
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
@@ -124,6 +126,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(as_json=args.json, steps=args.steps)
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from maxtext_compat.convert import convert
+
+    result = convert(args.source, args.out, checkpoint=not args.no_checkpoint, scan_layers=args.scan_layers,
+                     weight_dtype=args.weight_dtype, force=args.force)  # fmt: skip
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True))
+        return 0
+    print(f"wrote {result.out}: {', '.join(result.files)}")
+    if result.checkpoint:
+        print(f"MaxText checkpoint (load_parameters_path): {result.checkpoint}")
+    if not args.scan_layers:
+        print(f"serve it:  maxtext-compat serve {shlex.quote(result.out)} --max-model-len 32 --max-num-seqs 1")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -174,6 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--json", action="store_true")
     dm.add_argument("--steps", type=int, default=16, help="greedy decode steps (default 16)")
     dm.set_defaults(func=_cmd_demo)
+
+    cv = sub.add_parser(
+        "convert",
+        help="a Llama-family GGUF file or Hugging Face directory -> a MaxText checkpoint + vLLM model directory",
+    )
+    cv.add_argument("source", help="a .gguf file or a directory with config.json and *.safetensors")
+    cv.add_argument("out", help="the model directory to write (all or nothing)")
+    cv.add_argument("--scan-layers", action="store_true", help="write a scanned checkpoint (MaxText training/decode)")
+    cv.add_argument("--no-checkpoint", action="store_true", help="only the vLLM files (no MaxText needed)")
+    cv.add_argument("--weight-dtype", default="float32", choices=["float32", "bfloat16"])
+    cv.add_argument("--force", action="store_true", help="replace a non-empty OUT once the new one is complete")
+    cv.add_argument("--json", action="store_true")
+    cv.set_defaults(func=_cmd_convert)
 
     # `serve` hands its arguments to vLLM unparsed (see main): listed here for --help only.
     sv = sub.add_parser(

@@ -42,6 +42,7 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
         report["resolution"] = res.as_dict()
         report["skipped"] = _would_skip(res, m)
     report["callers"] = _caller_convention(res)
+    report["rpa_kernel"] = _rpa_kernel()
     report["active_patches"] = _active_patches()
     report["traced_before_install"] = _traced_before_install()
     report["side_effects"] = side_effects()
@@ -69,6 +70,22 @@ def _caller_convention(res: Resolution | None) -> dict[str, Any]:
         "value": found[0].value,
         "source": found[0].source,
         "overridden": [{"value": d.value, "source": d.source} for d in found[1:]],
+    }
+
+
+def _rpa_kernel() -> dict[str, Any]:
+    """Which RPA kernel a CPU server runs: in this process if the CPU serving shim is on, else the setting."""
+    from maxtext_compat.shims import cpu_serving
+
+    st = cpu_serving.status()
+    try:
+        choice = cpu_serving.kernel_choice()
+    except CompatError as exc:
+        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    return {
+        "setting": choice or "unset",
+        "variable": cpu_serving.KERNEL_ENV,
+        "in_this_process": st.kernel if st is not None and st.active else None,
     }
 
 
@@ -137,6 +154,15 @@ def side_effects() -> dict[str, Any]:
     }
 
 
+def _render_rpa_kernel(k: dict[str, Any]) -> list[str]:
+    if "error" in k:
+        return [f"RPA kernel on CPU: ERROR {k['error']['type']}: {k['error']['message']}"]
+    if k["in_this_process"]:
+        return [f"RPA kernel on CPU: {k['in_this_process']} (running in this process; {k['variable']}={k['setting']})"]
+    default = k["setting"] if k["setting"] != "unset" else "xla where tpu-inference binds the v3 kernels"
+    return [f"RPA kernel on CPU servers: {default} ({k['variable']}: xla | pallas = the real kernel, interpreted)"]
+
+
 def _render_callers(c: dict[str, Any]) -> list[str]:
     if "error" in c:
         return [f"caller convention: ERROR {c['error']['type']}: {c['error']['message']}"]
@@ -185,6 +211,7 @@ def render(report: dict[str, Any]) -> str:
         for note in res["notes"]:
             lines.append(f"note: {note}")
     lines.extend(_render_callers(report["callers"]))
+    lines.extend(_render_rpa_kernel(report["rpa_kernel"]))
     patches = report["active_patches"]
     lines.append(f"active patches: {len(patches) or 'none'}")
     for p in patches:

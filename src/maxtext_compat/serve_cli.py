@@ -8,6 +8,9 @@ command works as is (`maxtext-compat serve <model> --additional-config '{"maxtex
 ours are only `--tiny`, `--dry-run` and `--vllm-bin`, and our defaults never override a flag or
 variable the user set.
 
+A model directory written by `maxtext-compat convert` holds maxtext_config.json: its keys (the
+model's shape and load_parameters_path) fill maxtext_config, any key given on the command line wins.
+
 `--tiny` fills maxtext_config with the tiny test model's sizes (any key given wins), writes
 config.json into the model directory (a temp dir when none is given) and adds small-cache flags
 (`--max-model-len`, `--block-size 16`, `--num-gpu-blocks-override`, `--dtype`, `--skip-tokenizer-init`,
@@ -236,9 +239,22 @@ def build_command(
             fix="maxtext-compat serve /path/to/model --additional-config '{\"maxtext_config\": {...}}'",
         )
     if not ns.tiny:
+        from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG, read_maxtext_config
         from maxtext_compat.serving.serve_inputs import check_model_dir
 
         check_model_dir(model)  # before vLLM's ~40 s start-up, not as a traceback after it
+        converted = read_maxtext_config(model)
+        if converted is not None:  # written by `maxtext-compat convert`: the model's keys; the user's win
+            given = set(maxtext)
+            additional["maxtext_config"] = maxtext = {**converted, **maxtext}
+            _set_flag(args, "--additional-config", json.dumps(additional, sort_keys=True))
+            taken = sorted(set(converted) - given)
+            notes.append(
+                f"maxtext_config: {len(taken)} keys from {model}/{MAXTEXT_CONFIG} (yours win: {sorted(given)})"
+            )
+            if not _has_flag(args, "--dtype") and "dtype" in maxtext:  # the KV cache must match MaxText's dtype
+                args += ["--dtype", str(maxtext["dtype"])]
+                notes.append(f"--dtype {maxtext['dtype']} (maxtext_config.dtype; the KV cache must match it)")
     if tp > 1 and not tp_from_flag:
         args += ["--tensor-parallel-size", str(tp)]
         notes.append(f"--tensor-parallel-size {tp} from maxtext_config.ici_tensor_parallelism")
@@ -277,6 +293,7 @@ def _check_switches(environ: Mapping[str, str]) -> None:
     parse_flag(STRICT_ENV, environ.get(STRICT_ENV))
     cpu_serving.disabled_parts(environ.get(cpu_serving.DISABLE_ENV, ""))
     cpu_serving.cpu_hbm_bytes(environ.get(cpu_serving.HBM_ENV, ""))
+    cpu_serving.kernel_choice(environ.get(cpu_serving.KERNEL_ENV, ""))
     model_choice(environ.get(MODEL_ENV, ""))
     new_model_design(environ)
 

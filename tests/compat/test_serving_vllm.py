@@ -145,7 +145,8 @@ def _concurrent(srv: Server) -> list[list[int]]:
 
 @pytest.fixture(scope="class")
 def compat_tp1(workdir: Path, checkpoint: str) -> Iterator[Server]:
-    yield from _serve(workdir, "compat_tp1", checkpoint, tp=1, env={})
+    # The real RPA kernel (interpreted) end to end here; every other server runs the default XLA kernel.
+    yield from _serve(workdir, "compat_tp1", checkpoint, tp=1, env={"MAXTEXT_COMPAT_RPA_KERNEL": "pallas"})
 
 
 @pytest.fixture(scope="class")
@@ -184,7 +185,8 @@ class TestCompatModelTP1:
         engine_lines = [ln for ln in log.splitlines() if "EngineCore" in ln and "maxtext_compat plugin" in ln]
         assert engine_lines, "the plugin did not run in the engine-core process"
         assert "registered maxtext_compat's MaxTextForCausalLM" in engine_lines[-1]
-        assert "CPU serving shim: installed (mesh, hbm, compiler_options, rpa) [" in engine_lines[-1]
+        assert "CPU serving shim: installed (mesh, hbm, compiler_options, rpa, host_copy) [" in engine_lines[-1]
+        assert "RPA kernel on CPU: pallas" in log
 
 
 class TestCompatModelTP2:
@@ -200,6 +202,7 @@ class TestCompatModelTP2:
     def test_mesh_is_two_way_model_parallel(self, compat_tp2: Server) -> None:
         log = _ready(compat_tp2).log_text()
         assert "'model': 2" in log, "tpu-inference did not build a 2-way 'model' mesh axis"
+        assert "RPA kernel on CPU: xla" in log
 
 
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.4")

@@ -133,6 +133,24 @@ def test_scanned_tree_into_unscanned_model_points_at_unscan_params(saved):
     assert weights.unscan_params(flat).keys() == flat.keys()  # unscanned: unchanged
 
 
+def test_scan_params_stacks_what_the_hand_built_scan_stacks_and_unscan_inverts_it(saved):
+    cfg, _, _, path, _, _ = saved
+    flat = weights.load_npz(path)
+    layers = int(cfg.num_decoder_layers)
+    scanned = weights.scan_params(flat, num_layers=layers, scan_axis=1)
+    want = _scan(flat, layers)
+    assert scanned.keys() == want.keys() and all(np.array_equal(scanned[k], want[k]) for k in want)
+    back = weights.unscan_params(scanned, num_layers=layers, scan_axis=1)
+    assert back.keys() == flat.keys() and all(np.array_equal(back[k], flat[k]) for k in flat)
+    with pytest.raises(InvalidArgumentError, match=r"layers 0\.\.num_layers-1") as err:
+        weights.scan_params(flat, num_layers=layers + 1)
+    assert err.value.argument == "num_layers"
+    odd = {**flat, "decoder/layers_1/mlp/wo/kernel": np.zeros((3, 3), np.float32)}
+    with pytest.raises(InvalidArgumentError, match="identical layers") as err:
+        weights.scan_params(odd, num_layers=layers)
+    assert err.value.argument == "decoder/layers_1" and "scan_layers=False" in err.value.fix
+
+
 def test_unscan_params_of_a_real_scanned_model_gives_the_same_logits():
     cfg_s, mesh_s, scanned = _model(scan=True)
     cfg_u, mesh_u, unscanned = _model(seed=4)

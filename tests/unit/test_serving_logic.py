@@ -252,6 +252,52 @@ def test_serve_tiny_writes_the_model_dir(tmp_path: Path) -> None:
     assert cmd.env_changes["HF_HUB_OFFLINE"] == "1"
 
 
+def _converted_dir(tmp_path: Path, maxtext: object) -> Path:
+    """What `maxtext-compat convert` writes that `serve` reads (config.json + maxtext_config.json)."""
+    model = tmp_path / "smollm2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["MaxTextForCausalLM"]}))
+    (model / "maxtext_config.json").write_text(maxtext if isinstance(maxtext, str) else json.dumps(maxtext))
+    return model
+
+
+def test_serve_takes_a_converted_models_maxtext_config_and_yours_win(tmp_path: Path) -> None:
+    model = _converted_dir(tmp_path, {"base_emb_dim": 576, "dtype": "float32", "load_parameters_path": "/a/ckpt"})
+    extra = '{"maxtext_config": {"load_parameters_path": "/b/ckpt", "max_target_length": 32}}'
+    cmd = _cmd([str(model), "--additional-config", extra], {"JAX_PLATFORMS": "cpu"})
+    mc = json.loads(cmd.argv[cmd.argv.index("--additional-config") + 1])["maxtext_config"]
+    assert mc == {"base_emb_dim": 576, "dtype": "float32", "load_parameters_path": "/b/ckpt", "max_target_length": 32}
+    assert cmd.argv.count("--additional-config") == 1
+    assert cmd.argv[cmd.argv.index("--dtype") + 1] == "float32"  # the KV cache must match MaxText's dtype
+    assert any("maxtext_config.json" in n for n in cmd.notes)
+    given = _cmd([str(model), "--dtype", "bfloat16"], {"JAX_PLATFORMS": "cpu"})
+    assert given.argv.count("--dtype") == 1 and given.argv[given.argv.index("--dtype") + 1] == "bfloat16"
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]"])
+def test_serve_refuses_a_broken_maxtext_config_json(tmp_path: Path, content: str) -> None:
+    model = _converted_dir(tmp_path, content)
+    with pytest.raises(InvalidArgumentError) as err:
+        _cmd([str(model)], {"JAX_PLATFORMS": "cpu"})
+    assert err.value.argument == "maxtext_config.json" and "convert" in str(err.value)
+
+
+def test_serve_refuses_an_unknown_rpa_kernel_before_starting(seed_flags: list[str]) -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        _cmd(seed_flags, {"JAX_PLATFORMS": "cpu", "MAXTEXT_COMPAT_RPA_KERNEL": "Pallas "})
+    assert err.value.argument == "MAXTEXT_COMPAT_RPA_KERNEL" and "'Pallas '" in str(err.value)
+
+
+def test_rpa_kernel_choice() -> None:
+    from maxtext_compat.shims import cpu_serving
+
+    assert cpu_serving.kernel_choice("") is None
+    assert cpu_serving.kernel_choice("XLA") == "xla" and cpu_serving.kernel_choice("pallas") == "pallas"
+    for bad in ("fast", "1", "xla,pallas"):
+        with pytest.raises(InvalidArgumentError, match="names no RPA kernel"):
+            cpu_serving.kernel_choice(bad)
+
+
 def test_serve_tiny_refuses_to_overwrite_another_model(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(InvalidArgumentError, match="overwrite"):
@@ -329,3 +375,17 @@ def test_plugin_skips_cleanly_without_the_serving_stack(monkeypatch: pytest.Monk
     with pytest.raises(InvalidArgumentError, match="MAXTEXT_COMPAT_VLLM_MODEL"):
         monkeypatch.setenv("MAXTEXT_COMPAT_VLLM_MODEL", "other")
         vllm_plugin.model_choice()
+
+
+def test_doctor_shows_the_rpa_kernel_or_the_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from maxtext_compat import doctor
+
+    monkeypatch.delenv("MAXTEXT_COMPAT_RPA_KERNEL", raising=False)
+    line = [ln for ln in doctor.render(doctor.collect()).splitlines() if "RPA kernel" in ln]
+    assert line == [line[0]] and "xla where tpu-inference binds the v3 kernels" in line[0]
+    monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "pallas")
+    assert "RPA kernel on CPU servers: pallas" in doctor.render(doctor.collect())
+    monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "fast")
+    report = doctor.collect()
+    assert report["rpa_kernel"]["error"]["type"] == "InvalidArgumentError"
+    assert "RPA kernel on CPU: ERROR InvalidArgumentError" in doctor.render(report)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from maxtext_compat.backport import serving_mesh, serving_params
@@ -200,14 +200,20 @@ class BackportServingBackend(NNXTransformerBackend):
 
     # ---------------------------------------------------------------- tools
 
-    def save_checkpoint(self, cfg: Any, path: str, seed: int = 0, mesh: Any = None) -> str:
-        """Random weights of `cfg`'s model in 0.1.0's param-only checkpoint layout."""
+    def save_checkpoint(
+        self, cfg: Any, path: str, seed: int = 0, mesh: Any = None, params: Mapping[str, Any] | None = None
+    ) -> str:
+        """`cfg`'s model (random weights, or `params`) in 0.1.0's param-only checkpoint layout."""
         import jax
         from jax.sharding import Mesh
+
+        from maxtext_compat import weights
 
         if mesh is None:
             mesh = Mesh(self._module("maxtext_utils").create_device_mesh(cfg), cfg.mesh_axes)
         model = self._build(cfg, mesh, jax.random.PRNGKey(seed), mesh)
+        if params is not None:
+            weights.load_params(model, params, where=f"the MaxText {self.row.name} model of the config")
         return serving_params.write(serving_params.params_tree(model), path, cfg)
 
     def dense_logits_fn(self, cfg: Any, mesh: Any) -> Callable[[Any], Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import importlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,9 +53,11 @@ class ServingBackend(abc.ABC):
     - `embed(model, cfg, mesh, input_ids)` -> (T, D); `embedding_table(...)` -> (vocab, D).
     - `num_layers(cfg)` -> number of decoder layers (= KV caches); `check_mesh(cfg, mesh)`
       (optional) -> typed error when the runner's mesh cannot host the config.
-    Test/tool helpers (not on the serving path, used by checkpoint.py and reference.py):
-    - `save_checkpoint(cfg, path, seed, mesh=None)` -> the `load_parameters_path` to pass to
-      serving (random weights of `cfg`'s model; mesh None: the config's own mesh);
+    Test/tool helpers (not on the serving path, used by checkpoint.py, reference.py and convert):
+    - `base_config(overrides)` -> the release's base.yml config plus `overrides`;
+    - `save_checkpoint(cfg, path, seed, mesh=None, params=None)` -> the `load_parameters_path` to
+      pass to serving: random weights of `cfg`'s model, or `params` ({path: array}, checked against
+      the model's own paths and shapes) when given; mesh None: the config's own mesh;
     - `dense_logits_fn(cfg, mesh)` -> f(tokens (B, S) int32) -> logits (B, S, vocab) from
       MaxText's own non-vLLM path (train mode, dot-product attention) over the weights of
       `cfg.load_parameters_path` (the checkpoint the server loads).
@@ -105,7 +107,19 @@ class ServingBackend(abc.ABC):
         """Raise a typed error when tpu-inference's mesh cannot host this config (before any weights)."""
 
     @abc.abstractmethod
-    def save_checkpoint(self, cfg: Any, path: str, seed: int = 0, mesh: Any = None) -> str: ...
+    def save_checkpoint(
+        self, cfg: Any, path: str, seed: int = 0, mesh: Any = None, params: Mapping[str, Any] | None = None
+    ) -> str: ...
+
+    def base_config(self, overrides: dict[str, Any]) -> Any:
+        """The release's base (training/decode) config plus `overrides`, for writing checkpoints."""
+        raise BackendUnavailableError(
+            f"the {self.name!r} backend cannot build a base config",
+            argument="backend",
+            expected="a backend that implements base_config (the built-in ones do)",
+            found=type(self).__name__,
+            fix="implement base_config(overrides) in the registered backend",
+        )
 
     @abc.abstractmethod
     def dense_logits_fn(self, cfg: Any, mesh: Any) -> Callable[[Any], Any]: ...

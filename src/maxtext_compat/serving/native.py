@@ -18,7 +18,7 @@ import contextlib
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from maxtext_compat.errors import ServingConfigError, ServingError
@@ -164,16 +164,22 @@ class NativeBackend(NNXTransformerBackend):
 
     # ---------------------------------------------------------------- tools
 
-    def save_checkpoint(self, cfg: Any, path: str, seed: int = 0, mesh: Any = None) -> str:
-        """Random weights of `cfg`'s model, written in the NNX layout `from_pretrained` restores."""
+    def save_checkpoint(
+        self, cfg: Any, path: str, seed: int = 0, mesh: Any = None, params: Mapping[str, Any] | None = None
+    ) -> str:
+        """`cfg`'s model (random weights, or `params`), written in the NNX layout `from_pretrained` restores."""
         import jax
         import orbax.checkpoint as ocp
         from flax import nnx
+
+        from maxtext_compat import weights
 
         if mesh is None:
             mesh = importlib.import_module("maxtext.utils.maxtext_utils").get_mesh_from_config(cfg)
         with self._ctx(cfg, mesh):
             model = self._from_pretrained(cfg, mesh, self._mode("train"), jax.random.PRNGKey(seed))
+            if params is not None:
+                weights.load_params(model, params, where=f"the MaxText {self.row.name} model of the config")
         transient = (nnx.RngState, nnx.Cache, nnx.Intermediate, nnx.BatchStat)
         params = nnx.state(model).filter(lambda _path, var: not isinstance(var, transient))
         tree = jax.tree.map(lambda v: {"value": v.get_value()}, params, is_leaf=lambda n: isinstance(n, nnx.Variable))

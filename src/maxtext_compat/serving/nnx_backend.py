@@ -18,6 +18,16 @@ from maxtext_compat.errors import ServingConfigError, ServingError
 from maxtext_compat.serving.backend import ServingBackend
 from maxtext_compat.xla_flags import keep_xla_flags
 
+# What a config for writing or reading a checkpoint needs on one host (no distributed system, no run logs).
+BASE_DEFAULTS: dict[str, Any] = {
+    "skip_jax_distributed_system": True,
+    "enable_checkpointing": False,
+    "run_name": "maxtext_compat_convert",
+    "log_config": False,
+    "per_device_batch_size": 1,
+    "attention": "dot_product",
+}
+
 
 class NNXTransformerBackend(ServingBackend):
     """A backend whose model is MaxText's NNX `Transformer`, every call run under `_ctx(cfg, mesh)`."""
@@ -38,6 +48,18 @@ class NNXTransformerBackend(ServingBackend):
         pyconfig = importlib.import_module(self.row.config.pyconfig)
         with keep_xla_flags():
             return pyconfig.initialize(["maxtext_compat", str(root / yml)], **values)
+
+    def base_config(self, overrides: dict[str, Any]) -> Any:
+        """The release's training/decode config (base.yml) plus `overrides`: what a checkpoint is written for."""
+        import tempfile
+
+        from maxtext_compat.shims.cpu_serving import cpu_only
+
+        values = {**BASE_DEFAULTS, **overrides}
+        if cpu_only():
+            values.setdefault("hardware", "cpu")
+        values.setdefault("base_output_directory", tempfile.mkdtemp(prefix="maxtext_compat_"))
+        return self._initialize_config(self.row.config.base_yml, values)
 
     def _reject_input_embeddings(self) -> NoReturn:
         raise ServingError(

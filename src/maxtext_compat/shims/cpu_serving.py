@@ -4,9 +4,15 @@ Why: tpu-inference's runner assumes TPU devices. Measured on tpu-inference 0.32.
 (reference/tpu_inference_on_cpu.md section 3), a stock `vllm serve` on JAX_PLATFORMS=cpu fails at:
   F1 `make_optimized_mesh` sorts devices by `.coords` (CPU devices have none) -> plain mesh;
   F2 `get_device_hbm_limit` -> `get_device_name` raises 'Expected TPU devices' -> a fixed CPU limit;
-  F3 the RPA Pallas kernel ('Only interpret mode is supported on CPU backend') -> `shims.cpu_rpa`;
+  F3 the RPA Pallas kernel ('Only interpret mode is supported on CPU backend') -> `shims.cpu_rpa`,
+     and by default the kernel's exact semantics as one XLA program (`rpa_xla`, ~1000x faster than
+     interpret mode) in its place: `MAXTEXT_COMPAT_RPA_KERNEL=pallas` runs the real kernel instead;
   F4 `get_step_fn_compiler_options` / `get_sampling_compiler_options` hand XLA:CPU TPU-only options
-     ('No such compile option') -> no options on CPU.
+     ('No such compile option') -> no options on CPU;
+  F5 (silent) PJRT CPU puts a numpy array on the device without copying it, and the runner refills
+     its numpy input buffers for the next step while a step may still read them: token positions
+     arrived one step ahead (RoPE off by one, text drifting from the reference, found serving
+     SmolLM2) -> `general_device_put` gets a private copy of every numpy input.
 
 Rules: acts only when jax is configured for the CPU platform alone (JAX_PLATFORMS=cpu); that is
 decided from the configuration, without initialising a backend, so an API-server process on a TPU
@@ -28,25 +34,38 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from maxtext_compat.errors import InvalidArgumentError, ServingConfigError
+from maxtext_compat.errors import InvalidArgumentError, ServingConfigError, ShimRefusedError
 from maxtext_compat.shims import profiles
 from maxtext_compat.shims.patching import Original, PatchSpec
 
 PROFILE = "cpu-serving"
-PARTS: tuple[str, ...] = ("mesh", "hbm", "compiler_options", "rpa")
+PARTS: tuple[str, ...] = ("mesh", "hbm", "compiler_options", "rpa", "host_copy")
 DISABLE_ENV = "MAXTEXT_COMPAT_DISABLE_CPU_SHIM"
 HBM_ENV = "MAXTEXT_COMPAT_CPU_HBM_GB"
 MAX_CPU_HBM_GB = 1 << 20  # 1 PiB: anything above is a typo
 DEFAULT_CPU_HBM_GB = 2.0  # what the KV-cache sizing sees; pass --num-gpu-blocks-override for tiny caches
 
 UTILS = "tpu_inference.utils"
+DEVICE_PUT = "tpu_inference.layers.common.utils:general_device_put"
 COMPILER_OPTIONS = "tpu_inference.models.common.compiler_options"
 # Decorated at import time with jax.jit(compiler_options=get_sampling_compiler_options()): if it
 # was imported before us, its jit object already holds the TPU options and must be rebuilt.
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
+# Which RPA kernel a CPU server runs: `xla` (maxtext_compat.rpa_xla) or `pallas` (the real kernel, interpreted).
+KERNEL_ENV = "MAXTEXT_COMPAT_RPA_KERNEL"
+KERNELS: tuple[str, ...] = ("xla", "pallas")
+# sharded_ragged_paged_attention reads these module globals at each call; only they are replaced, so a
+# direct call of the kernel module's function (the kernel tests) still runs the real kernel.
+ATTENTION_INTERFACE = "tpu_inference.layers.common.attention_interface"
+XLA_KERNELS = {  # attention_interface global -> (the v3 kernel module it must be bound from, rpa_xla function)
+    "ragged_paged_attention": ("tpu_inference.kernels.ragged_paged_attention.v3.kernel", "ragged_paged_attention"),
+    "ragged_paged_attention_hd64": (
+        "tpu_inference.kernels.ragged_paged_attention.v3.kernel_hd64", "ragged_paged_attention_hd64"),
+}  # fmt: skip
 
 log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
+_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -58,6 +77,7 @@ class CpuServingStatus:
     parts: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
     patches: tuple[str, ...] = field(default_factory=tuple)
+    kernel: str | None = None  # "xla" | "pallas" when the rpa part is on
 
 
 _STATUS: CpuServingStatus | None = None
@@ -186,9 +206,89 @@ def _no_options_factory(original: Original) -> Callable[..., Any]:
     return compiler_options
 
 
-def _specs(parts: tuple[str, ...]) -> list[PatchSpec]:
+def kernel_choice(value: str | None = None) -> str | None:
+    """MAXTEXT_COMPAT_RPA_KERNEL as `xla` or `pallas`; None when unset (then `xla` where it applies)."""
+    raw = os.environ.get(KERNEL_ENV, "") if value is None else value
+    if raw == "":
+        return None
+    if raw.lower() not in KERNELS:
+        raise InvalidArgumentError(
+            f"{KERNEL_ENV} names no RPA kernel",
+            argument=KERNEL_ENV,
+            expected=f"one of {list(KERNELS)} (or unset: xla where the v3 kernel is bound)",
+            found=repr(raw),
+            fix=f"set {KERNEL_ENV}=xla (fast, the kernel's semantics in XLA) or =pallas (the real kernel, interpreted)",
+        )
+    return raw.lower()
+
+
+def _bound_kernels() -> dict[str, bool]:
+    """For each kernel global of attention_interface: is it the v3 kernel function rpa_xla reproduces?"""
+    import importlib
+
+    iface = importlib.import_module(ATTENTION_INTERFACE)
+    out = {}
+    for name, (module, attr) in XLA_KERNELS.items():
+        out[name] = getattr(iface, name, None) is getattr(importlib.import_module(module), attr, _MISSING)
+    return out
+
+
+def resolve_kernel(choice: str | None) -> str:
+    """`xla` or `pallas` for this process: unset means xla when tpu-inference binds the v3 kernels
+    (not the experimental batched one), an explicit xla there is refused."""
+    if choice == "pallas":
+        return "pallas"
+    unbound = [n for n, ok in _bound_kernels().items() if not ok]
+    if not unbound:
+        return "xla"
+    if choice is None:
+        log.info("maxtext_compat: %s binds %s to another kernel; the real kernel runs", ATTENTION_INTERFACE, unbound)
+        return "pallas"
+    raise ShimRefusedError(
+        "the XLA kernel reproduces tpu-inference's v3 RPA kernels, and this process binds another one",
+        argument=KERNEL_ENV,
+        expected=f"{ATTENTION_INTERFACE}.{unbound[0]} bound to the v3 kernel",
+        found="another kernel (USE_BATCHED_RPA_KERNEL set?)",
+        fix=f"set {KERNEL_ENV}=pallas to run the bound kernel in interpret mode",
+    )
+
+
+def _xla_kernel_factory(name: str) -> Callable[[Original], Callable[..., Any]]:
+    def factory(original: Original) -> Callable[..., Any]:
+        from maxtext_compat import rpa_xla
+
+        replacement = getattr(rpa_xla, XLA_KERNELS[name][1])
+
+        def xla_kernel(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return replacement(*args, **kwargs)
+
+        return xla_kernel
+
+    return factory
+
+
+def _host_copy_factory(original: Original) -> Callable[..., Any]:
+    def general_device_put(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            import jax
+            import numpy as np
+
+            private = jax.tree.map(lambda t: np.array(t, copy=True) if isinstance(t, np.ndarray) else t, args[0])
+            args = (private, *args[1:])
+        return wrapped(*args, **kwargs)
+
+    return general_device_put
+
+
+def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]:
     specs: list[PatchSpec] = []
     origin = "maxtext_compat.shims.cpu_serving"
+    if "host_copy" in parts:
+        specs.append(PatchSpec(DEVICE_PUT, _host_copy_factory, origin=f"{origin} (F5 private copies of host inputs)"))
+    if "rpa" in parts and kernel == "xla":
+        for name in XLA_KERNELS:
+            specs.append(PatchSpec(f"{ATTENTION_INTERFACE}:{name}", _xla_kernel_factory(name), aliases=(),
+                                   origin="maxtext_compat.rpa_xla (F3 the kernel's semantics in XLA)"))  # fmt: skip
     if "mesh" in parts:
         specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", _mesh_factory, origin=f"{origin} (F1 CPU mesh)"))
     if "hbm" in parts:
@@ -201,15 +301,16 @@ def _specs(parts: tuple[str, ...]) -> list[PatchSpec]:
     return specs
 
 
-_PARTS_FOR_BUILD: list[tuple[str, ...]] = [()]
+_FOR_BUILD: dict[str, Any] = {"parts": (), "kernel": None}
 
 
 def _build() -> list[PatchSpec]:
-    return _specs(_PARTS_FOR_BUILD[0])
+    return _specs(_FOR_BUILD["parts"], _FOR_BUILD["kernel"])
 
 
+DESCRIPTION = "vllm serve on a CPU backend (F1, F2, F4, the XLA kernel for F3)"
 if PROFILE not in profiles.registered_profiles():
-    profiles.register_profile(PROFILE, _build, description="vllm serve on a CPU backend (F1, F2, F4)")
+    profiles.register_profile(PROFILE, _build, description=DESCRIPTION)
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,8 +400,11 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
             )
         skipped = tuple(p for p in PARTS if p not in wanted)
         patch_targets: list[str] = []
-        _PARTS_FOR_BUILD[0] = wanted
-        patch_set = profiles.install(PROFILE) if any(p != "rpa" for p in wanted) else None
+        kernel = resolve_kernel(kernel_choice()) if "rpa" in wanted else None
+        _FOR_BUILD.update(parts=wanted, kernel=kernel)
+        if not profiles.installed(PROFILE):  # specs are cached per registration: a new one builds these parts
+            profiles.register_profile(PROFILE, _build, description=DESCRIPTION, replace=True)
+        patch_set = profiles.install(PROFILE) if any(p != "rpa" for p in wanted) or kernel == "xla" else None
         try:
             if patch_set is not None:
                 patch_targets.extend(patch_set.targets)
@@ -319,10 +423,14 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
             _undo_sampling()
             profiles.uninstall(PROFILE)
             raise
-        _STATUS = CpuServingStatus(True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets))
+        _STATUS = CpuServingStatus(True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets), kernel)
         if skipped:
             log.warning("maxtext_compat cpu-serving shim: parts switched off by %s: %s", DISABLE_ENV, skipped)
         log.info("maxtext_compat cpu-serving shim installed: %s", ", ".join(patch_targets))
+        if kernel is not None:
+            other = "pallas (the real kernel, interpreted)" if kernel == "xla" else "xla (its semantics in XLA)"
+            log.warning("maxtext_compat: RPA kernel on CPU: %s; %s=%s for %s", kernel, KERNEL_ENV,
+                        "pallas" if kernel == "xla" else "xla", other)  # fmt: skip
         return _STATUS
 
 

@@ -88,16 +88,21 @@ def maxtext_model(ckpt: Any, *, max_len: int = 32, **overrides: Any) -> tuple[An
 
 def maxtext_logits(cfg: Any, mesh: Any, model: Any, batch: Sequence[Sequence[int]]) -> Any:
     """MaxText's own dense forward: logits (batch, max_len, vocab) of right-padded sequences (causal)."""
+    import numpy as np
+
+    tokens = np.zeros((len(batch), cfg.max_target_length), np.int32)
+    for i, ids in enumerate(batch):
+        tokens[i, : len(ids)] = ids
+    return _dense_logits(cfg, mesh, model, tokens)
+
+
+def _dense_logits(cfg: Any, mesh: Any, model: Any, tokens: Any) -> Any:
     import jax.numpy as jnp
     import numpy as np
 
     from maxtext_compat.testing import tiny
 
-    length = cfg.max_target_length
-    tokens = np.zeros((len(batch), length), np.int32)
-    for i, ids in enumerate(batch):
-        tokens[i, : len(ids)] = ids
-    pos = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape)
+    pos = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
     with tiny.mesh_context(cfg, mesh):
         out = _jitted_forward()(model, jnp.asarray(tokens), jnp.asarray(pos), jnp.ones(tokens.shape, jnp.int32))
     return np.asarray(out)
@@ -118,15 +123,8 @@ def _jitted_forward() -> Any:
 def maxtext_greedy(cfg: Any, mesh: Any, model: Any, prompts: Sequence[Sequence[int]],
                    new_tokens: int = NEW_TOKENS) -> list[list[int]]:  # fmt: skip
     """Greedy decode by MaxText's own dense forward, all prompts as one batch (one compiled program)."""
-    import numpy as np
-
-    seqs = [list(p) for p in prompts]
-    starts = [len(p) for p in prompts]
-    for _ in range(new_tokens):
-        logits = maxtext_logits(cfg, mesh, model, seqs)
-        for i, s in enumerate(seqs):
-            s.append(int(np.argmax(logits[i, len(s) - 1])))
-    return [s[n:] for s, n in zip(seqs, starts, strict=True)]
+    return greedy_with(lambda tokens: _dense_logits(cfg, mesh, model, tokens), prompts,
+                       max_len=cfg.max_target_length, new_tokens=new_tokens)  # fmt: skip
 
 
 def hf_final_hidden(model: Any, ids: Sequence[int]) -> Any:
@@ -143,3 +141,60 @@ def bf16_rounded(table: Any) -> Any:
     import torch
 
     return torch.from_numpy(table).to(torch.bfloat16).float().numpy()
+
+
+def loaded_by_maxtext(model_dir: str | Path, *, max_len: int = 32, **overrides: Any) -> tuple[Any, Any]:
+    """(config, f(tokens (B, max_len) int32) -> logits) with the converted checkpoint restored by the installed
+    MaxText's own loader from `load_parameters_path`: `from_pretrained` (0.2.2+), or `setup_decode_state` with the
+    Linen Transformer (0.1.0, as its MaxEngine loads decode weights)."""
+    import importlib
+    import json
+
+    import jax
+    import jax.numpy as jnp
+
+    from maxtext_compat.serving.backend import backend_for
+    from maxtext_compat.testing import tiny
+
+    row = tiny.installed_row()
+    keys = json.loads((Path(model_dir) / "maxtext_config.json").read_text(encoding="utf-8"))
+    keys |= {"max_target_length": max_len, "max_prefill_predict_length": max_len - 4, "enable_checkpointing": True}
+    backend = backend_for(row)
+    cfg = backend.base_config(keys | overrides)
+    mesh = tiny.tiny_mesh(cfg)
+    mcu = importlib.import_module(f"{row.import_root}.{'utils.' if row.import_root == 'maxtext' else ''}"
+                                  "model_creation_utils")  # fmt: skip
+    if hasattr(mcu, "from_pretrained"):
+        return cfg, backend.dense_logits_fn(cfg, mesh)
+    a = tiny.api(row)
+    models = importlib.import_module(f"{row.import_root}.layers.models")
+    model = models.transformer_as_linen(cfg, mesh=mesh, quant=None, model_mode=a.modes[0])
+    with tiny.mesh_context(cfg, mesh):
+        state, _ = a.maxtext_utils.setup_decode_state(model, cfg, jax.random.PRNGKey(0), mesh, None)
+
+    @jax.jit
+    def forward(params: Any, tokens: Any) -> Any:
+        pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        return model.apply(params, tokens, pos, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False)
+
+    def logits(tokens: Any) -> Any:
+        with tiny.mesh_context(cfg, mesh):
+            return forward(state.params, jnp.asarray(tokens))
+
+    return cfg, logits
+
+
+def greedy_with(logits_fn: Any, prompts: Sequence[Sequence[int]], *, max_len: int = 32,
+                new_tokens: int = NEW_TOKENS) -> list[list[int]]:  # fmt: skip
+    """Greedy decode of every prompt (one right-padded batch) by a full-sequence logits function."""
+    import numpy as np
+
+    seqs = [list(p) for p in prompts]
+    for _ in range(new_tokens):
+        tokens = np.zeros((len(seqs), max_len), np.int32)
+        for i, s in enumerate(seqs):
+            tokens[i, : len(s)] = s
+        out = np.asarray(logits_fn(tokens))
+        for i, s in enumerate(seqs):
+            s.append(int(np.argmax(out[i, len(s) - 1])))
+    return [s[len(p) :] for s, p in zip(seqs, prompts, strict=True)]

@@ -1,0 +1,136 @@
+"""One conversion: a GGUF file or a Hugging Face model directory -> a directory vLLM and MaxText serve.
+
+    OUT/config.json, tokenizer.json, tokenizer_config.json, generation_config.json   (vLLM)
+    OUT/maxtext_config.json     the MaxText keys `maxtext-compat serve OUT` passes on
+    OUT/checkpoint/             the orbax checkpoint (load_parameters_path) for the installed MaxText
+
+Why a staging directory: every file is written into a hidden sibling of OUT and the whole
+directory is renamed into place at the end, so an interrupted or failed conversion never leaves a
+directory that looks complete (the staging directory is removed on failure). An existing OUT is
+refused unless `force`, then replaced only after the new one is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from maxtext_compat.convert.gguf_llama import LlamaCheckpoint
+from maxtext_compat.errors import InvalidArgumentError
+
+CHECKPOINT_DIR = "checkpoint"
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass
+class ConversionResult:
+    """What a conversion wrote; `maxtext_config` holds the keys `serve` passes to MaxText."""
+
+    out: str
+    source: str
+    checkpoint: str | None
+    maxtext_config: dict[str, Any]
+    files: list[str] = field(default_factory=list)
+
+
+def _is_gguf(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
+    """(checkpoint, tokenizers.Tokenizer or None, chat template) of a .gguf file or a model directory."""
+    p = Path(src)
+    if _is_gguf(p):
+        import gguf
+
+        from maxtext_compat.convert.gguf_llama import read_gguf
+        from maxtext_compat.convert.gguf_tokenizer import tokenizer_from_gguf
+
+        reader = gguf.GGUFReader(str(p))
+        template = reader.fields.get("tokenizer.chat_template")
+        return read_gguf(p), tokenizer_from_gguf(reader), (template.contents() if template else None)
+    if p.is_dir():
+        from maxtext_compat.convert.hf_dir import read_hf_dir
+
+        return read_hf_dir(p), None, None
+    raise InvalidArgumentError(
+        "the conversion source is neither a GGUF file nor a model directory",
+        argument="source",
+        expected="a .gguf file (starting with the GGUF magic) or a directory with config.json and *.safetensors",
+        found=f"{p} ({'a file' if p.is_file() else 'nothing there'})",
+        fix="pass the path of a Llama-family .gguf file or a Hugging Face model directory",
+    )
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise InvalidArgumentError(
+            "the output path is a file", argument="out", expected="a new or empty directory", found=str(out),
+            fix="choose another output path",
+        )  # fmt: skip
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise InvalidArgumentError(
+            "the output directory is not empty",
+            argument="out",
+            expected="a new or empty directory",
+            found=f"{out} with {sorted(x.name for x in out.iterdir())[:6]}",
+            fix="choose a new directory, or pass force=True (--force) to replace it once the new one is complete",
+        )
+
+
+def _put_in_place(staging: Path, out: Path) -> None:
+    """Rename the complete staging directory to `out`; an old `out` is moved aside first, removed last."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rename(out, old / "previous")
+    os.rename(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def convert(
+    src: str | Path,
+    out: str | Path,
+    *,
+    checkpoint: bool = True,
+    scan_layers: bool = False,
+    weight_dtype: str = "float32",
+    force: bool = False,
+) -> ConversionResult:
+    """Convert `src` into the model directory `out` (see the module docstring); all or nothing."""
+    from maxtext_compat.convert.maxtext_checkpoint import checkpoint_overrides, write_maxtext_checkpoint
+    from maxtext_compat.convert.vllm_dir import write_model_files, write_tokenizer
+
+    target = Path(out).absolute()
+    _check_out(target, force)
+    ckpt, tokenizer, template = read_source(src)  # before any directory is made: a bad source leaves nothing
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        maxtext = checkpoint_overrides(ckpt, scan_layers=scan_layers, weight_dtype=weight_dtype)
+        ckpt_path = None
+        if checkpoint:
+            write_maxtext_checkpoint(ckpt, str(staging / CHECKPOINT_DIR), scan_layers=scan_layers,
+                                     weight_dtype=weight_dtype)  # fmt: skip
+            ckpt_path = str(target / CHECKPOINT_DIR)
+        if tokenizer is not None:
+            write_tokenizer(staging, tokenizer, ckpt.shape, chat_template=template)
+        else:
+            for name in HF_TOKENIZER_FILES:
+                if (Path(src) / name).is_file():
+                    shutil.copy2(Path(src) / name, staging / name)
+        write_model_files(staging, ckpt.shape, maxtext, ckpt_path)
+        files = sorted(x.name for x in staging.iterdir())
+        _put_in_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return ConversionResult(str(target), str(src), ckpt_path, maxtext, files)

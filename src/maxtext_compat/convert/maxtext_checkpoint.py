@@ -1,0 +1,44 @@
+"""A converted checkpoint written as the installed MaxText release loads it (`load_parameters_path`).
+
+Why through the release's own model: the tree is loaded into the model the release builds from
+the config (every path and shape checked, a typed error naming the tensor otherwise) and written
+by the serving backend in that release's layout (0.2.x: NNX `{"value": ...}` leaves that
+`from_pretrained` restores; 0.1.0: `{"params": {"params": ...}}` that its
+`checkpointing.load_params_from_path` restores), so a checkpoint can never be written in a layout
+the release does not read. Scanned checkpoints stack the layers along the config's param_scan_axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maxtext_compat.convert.gguf_llama import LlamaCheckpoint
+from maxtext_compat.convert.maxtext_tree import maxtext_overrides, to_maxtext
+
+
+def checkpoint_overrides(ckpt: LlamaCheckpoint, *, scan_layers: bool, weight_dtype: str = "float32") -> dict[str, Any]:
+    """The MaxText config keys the checkpoint is written for (and that load it again)."""
+    return {
+        **maxtext_overrides(ckpt.shape),
+        "scan_layers": scan_layers,
+        "weight_dtype": weight_dtype,
+        "dtype": "float32",
+        "max_target_length": min(ckpt.shape.context_length, 2048),
+        "max_prefill_predict_length": min(ckpt.shape.context_length, 2048) // 2,
+    }
+
+
+def write_maxtext_checkpoint(
+    ckpt: LlamaCheckpoint, path: str, *, scan_layers: bool = False, weight_dtype: str = "float32"
+) -> str:
+    """Write `ckpt` at `path` for the installed MaxText; returns the `load_parameters_path`."""
+    from maxtext_compat import weights
+    from maxtext_compat.serving.backend import backend_for
+    from maxtext_compat.testing.tiny import installed_row
+
+    backend = backend_for(installed_row())
+    cfg = backend.base_config(checkpoint_overrides(ckpt, scan_layers=scan_layers, weight_dtype=weight_dtype))
+    flat = to_maxtext(ckpt)
+    if scan_layers:
+        flat = weights.scan_params(flat, num_layers=ckpt.shape.layers, scan_axis=int(cfg.param_scan_axis))
+    return backend.save_checkpoint(cfg, path, params=flat)

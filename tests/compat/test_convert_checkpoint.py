@@ -1,0 +1,185 @@
+"""`maxtext_compat.convert.convert`: SmolLM2 -> a model directory the installed MaxText and vLLM read.
+
+The checkpoint is restored by the release's *own* loader from `load_parameters_path` (0.2.5: `from_pretrained`;
+0.1.0: `setup_decode_state` with its Linen Transformer, as its MaxEngine does), scanned and unscanned, and
+greedy-decodes exactly what transformers decodes reading the GGUF file itself. A Hugging Face safetensors
+directory converts to the same tensors; failures leave nothing that looks like a model directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+from maxtext_compat import convert  # noqa: E402
+from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
+from maxtext_compat.testing import real_model as rm  # noqa: E402
+
+pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+
+MODEL_FILES = {"checkpoint", "config.json", "generation_config.json", "maxtext_config.json", "tokenizer.json",
+               "tokenizer_config.json"}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["unscanned", "scanned"])
+def converted(request, tmp_path_factory):
+    if not request.param:
+        return request.getfixturevalue("smollm2_dir"), False  # the session's conversion (serving tests share it)
+    out = tmp_path_factory.mktemp("smollm2-scanned") / "model"
+    return convert.convert(rm.smollm2_gguf(), out, scan_layers=True), True
+
+
+def test_the_directory_holds_what_vllm_and_maxtext_read(converted, smollm2):
+    result, scanned = converted
+    out = Path(result.out)
+    assert set(result.files) == MODEL_FILES == {p.name for p in out.iterdir()}
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
+    cfg = json.loads((out / "config.json").read_text())
+    s = smollm2[0].shape
+    assert cfg["architectures"] == ["MaxTextForCausalLM"]
+    sizes = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    assert [cfg[k] for k in sizes] == [s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim, s.vocab]
+    assert cfg["rope_theta"] == s.rope_theta and cfg["tie_word_embeddings"] is True
+    mt = json.loads((out / "maxtext_config.json").read_text())
+    assert mt["load_parameters_path"] == f"{out}/checkpoint" and mt["scan_layers"] is scanned
+    assert "max_target_length" not in mt  # the server's lengths come from its own command
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen == {"bos_token_id": s.bos_token_id, "eos_token_id": s.eos_token_id}
+
+
+def test_transformers_reads_the_tokenizer_files_as_it_reads_the_gguf_file(converted, reference):
+    """vLLM loads the tokenizer through transformers: the written files give the reference's ids and text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(converted[0].out)
+    assert [tok(p).input_ids for p in rm.PROMPTS] == reference[2]
+    assert tok.decode(reference[1][1]).startswith(" Paris")
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template
+
+
+def test_maxtexts_own_loader_greedy_decodes_the_reference(converted, reference):
+    result, scanned = converted
+    cfg, logits = rm.loaded_by_maxtext(result.out)
+    assert bool(cfg.scan_layers) is scanned and cfg.load_parameters_path == result.checkpoint
+    got = rm.greedy_with(logits, reference[2])
+    for prompt, ours, want in zip(rm.PROMPTS, got, reference[1], strict=True):
+        assert ours == want, f"{prompt!r}: {ours} vs reference {want}"
+
+
+# ------------------------------------------------------------------ a Hugging Face directory
+
+
+@pytest.fixture(scope="module")
+def hf_dir(reference, tmp_path_factory):
+    """The reference model saved by transformers itself (safetensors), its tokenizer beside it."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("hf")
+    # A GGUF-loaded model refuses save_pretrained (quantization config): the same weights in a plain model.
+    cfg = {k: v for k, v in reference[0].config.to_dict().items() if k != "quantization_config"}
+    plain = LlamaForCausalLM(LlamaConfig(**cfg))
+    plain.load_state_dict(reference[0].state_dict())
+    plain.save_pretrained(out)
+    path = rm.smollm2_gguf()
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
+    return out
+
+
+def test_a_safetensors_directory_reads_as_the_same_tensors(hf_dir, smollm2):
+    ckpt = convert.read_hf_dir(hf_dir)
+    assert ckpt.shape.layers == 30 and ckpt.shape.tied_embeddings
+    assert set(ckpt.tensors) == set(smollm2[0].tensors)
+    for name, want in smollm2[0].tensors.items():
+        np.testing.assert_array_equal(ckpt.tensors[name], want, err_msg=name)
+
+
+def test_a_safetensors_directory_converts_with_its_own_tokenizer(hf_dir, tmp_path, reference):
+    result = convert.convert(hf_dir, tmp_path / "m", checkpoint=False)
+    assert result.checkpoint is None and "checkpoint" not in result.files
+    assert "tokenizer.json" in result.files
+    from transformers import AutoTokenizer
+
+    assert [AutoTokenizer.from_pretrained(result.out)(p).input_ids for p in rm.PROMPTS] == reference[2]
+    assert "load_parameters_path" not in json.loads((tmp_path / "m" / "maxtext_config.json").read_text())
+
+
+def _copy_hf(hf_dir, dst, **tensors):
+    """A copy of the directory with some tensors replaced (None: removed)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(hf_dir, dst)
+    (file,) = dst.glob("*.safetensors")
+    state = load_file(str(file))
+    for name, value in tensors.items():
+        if value is None:
+            del state[name]
+        else:
+            state[name] = value
+    save_file(state, str(file))
+    return dst
+
+
+def test_a_tensor_that_does_not_fit_is_named_and_nothing_is_written(hf_dir, tmp_path):
+    bad = _copy_hf(hf_dir, tmp_path / "bad", **{"model.layers.3.self_attn.k_proj.weight": np.zeros((64, 576), "f4")})
+    with pytest.raises(WeightsMismatchError) as err:
+        convert.convert(bad, tmp_path / "out")
+    msg = str(err.value)
+    assert "model.layers.3.self_attn.k_proj.weight" in msg and "(192, 576)" in msg and "(64, 576)" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
+
+
+def test_an_output_head_that_is_not_the_tied_embedding_is_refused(hf_dir, tmp_path):
+    bad = _copy_hf(hf_dir, tmp_path / "bad", **{"lm_head.weight": np.ones((49152, 576), "f4")})
+    with pytest.raises(InvalidArgumentError, match=r"lm_head\.weight"):
+        convert.read_hf_dir(bad)
+
+
+def test_a_failure_midway_leaves_no_directory_and_keeps_the_old_one(tmp_path, mocker):
+    """Fault injected after the checkpoint is written: no partial OUT, no staging dir; an existing OUT survives."""
+    from maxtext_compat.convert import vllm_dir
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    mocker.patch.object(vllm_dir, "write_model_files", side_effect=OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        convert.convert(rm.smollm2_gguf(), out, force=True, checkpoint=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+def test_an_existing_directory_is_refused_without_force_and_replaced_with_it(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "mine.txt").write_text("old")
+    with pytest.raises(InvalidArgumentError, match="not empty") as err:
+        convert.convert(rm.smollm2_gguf(), out, checkpoint=False)
+    assert "--force" in str(err.value)
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    result = convert.convert(rm.smollm2_gguf(), out, checkpoint=False, force=True)
+    assert "mine.txt" not in result.files and (out / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+@pytest.mark.parametrize("kind", ["text file", "missing", "output is a file"])
+def test_a_source_or_output_of_the_wrong_kind_is_refused(tmp_path, kind):
+    src, out = rm.smollm2_gguf(), tmp_path / "out"
+    if kind == "text file":
+        src = tmp_path / "model.gguf"
+        src.write_text("not gguf")
+    elif kind == "missing":
+        src = tmp_path / "nothing"
+    else:
+        out.write_text("x")
+    with pytest.raises(InvalidArgumentError) as err:
+        convert.convert(src, out, checkpoint=False)
+    assert err.value.argument == ("out" if kind == "output is a file" else "source")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {"text file": ["model.gguf"], "missing": [], "output is a file": ["out"]}[kind]
+    )
