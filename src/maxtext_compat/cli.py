@@ -123,7 +123,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from maxtext_compat import demo
 
-    return demo.run(as_json=args.json, steps=args.steps)
+    return demo.run(as_json=args.json, steps=args.steps, quiet=not args.verbose)
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo", help="the library in one screen on the installed MaxText (tiny random-weight model)")
     dm.add_argument("--json", action="store_true")
     dm.add_argument("--steps", type=int, default=16, help="greedy decode steps (default 16)")
+    dm.add_argument("--verbose", action="store_true", help="third-party messages on the console, not in a log file")
     dm.set_defaults(func=_cmd_demo)
 
     cv = sub.add_parser(

