@@ -268,6 +268,10 @@ def build_command(
         for k, v in CPU_ENV.items():
             if k not in environ:
                 env[k] = v
+        notes.append(
+            "on CPU, tpu-inference's TPU probes log harmless lines ('Unable to poll the TPU GCE Metadata', 'Failed to "
+            "detect number of TPUs', 'Error getting device name', os.fork() warnings): nothing to act on"
+        )
         if ns.tiny and "HF_HUB_OFFLINE" not in environ:
             env["HF_HUB_OFFLINE"] = "1"
         flags = environ.get("XLA_FLAGS", "")

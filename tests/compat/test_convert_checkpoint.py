@@ -183,3 +183,18 @@ def test_a_source_or_output_of_the_wrong_kind_is_refused(tmp_path, kind):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         {"text file": ["model.gguf"], "missing": [], "output is a file": ["out"]}[kind]
     )
+
+
+def test_a_directory_without_a_tokenizer_or_a_bad_weight_dtype_is_refused(hf_dir, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_dir, bare)
+    for name in ("tokenizer.json", "tokenizer.model"):
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(InvalidArgumentError, match="no tokenizer") as err:
+        convert.convert(bare, tmp_path / "out", checkpoint=False)
+    assert err.value.argument == "source" and not (tmp_path / "out").exists()
+    with pytest.raises(InvalidArgumentError) as err:
+        convert.convert(hf_dir, tmp_path / "out", weight_dtype="float16")
+    assert err.value.argument == "weight_dtype" and "'float16'" in str(err.value)

@@ -23,7 +23,9 @@ from maxtext_compat.convert.gguf_llama import LlamaCheckpoint
 from maxtext_compat.errors import InvalidArgumentError
 
 CHECKPOINT_DIR = "checkpoint"
-HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZERS = ("tokenizer.json", "tokenizer.model")  # one of them must be there for vLLM to tokenize
+WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -59,6 +61,14 @@ def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
     if p.is_dir():
         from maxtext_compat.convert.hf_dir import read_hf_dir
 
+        if not any((p / name).is_file() for name in TOKENIZERS):
+            raise InvalidArgumentError(
+                "the model directory has no tokenizer; vLLM could not tokenize a prompt",
+                argument="source",
+                expected=f"one of {list(TOKENIZERS)} beside config.json",
+                found=f"{p} with {sorted(x.name for x in p.iterdir())[:8]}",
+                fix="save the tokenizer into the directory (tokenizer.save_pretrained(dir)) and convert again",
+            )
         return read_hf_dir(p), None, None
     raise InvalidArgumentError(
         "the conversion source is neither a GGUF file nor a model directory",
@@ -109,6 +119,14 @@ def convert(
     from maxtext_compat.convert.maxtext_checkpoint import checkpoint_overrides, write_maxtext_checkpoint
     from maxtext_compat.convert.vllm_dir import write_model_files, write_tokenizer
 
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise InvalidArgumentError(
+            "unsupported weight dtype for the checkpoint",
+            argument="weight_dtype",
+            expected=f"one of {list(WEIGHT_DTYPES)}",
+            found=repr(weight_dtype),
+            fix="pass weight_dtype='float32' (exact) or 'bfloat16' (half the size)",
+        )
     target = Path(out).absolute()
     _check_out(target, force)
     ckpt, tokenizer, template = read_source(src)  # before any directory is made: a bad source leaves nothing
