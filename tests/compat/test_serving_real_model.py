@@ -29,7 +29,9 @@ EXTENDED = ("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.1.0-jax011")
 
 READY_TIMEOUT = 600.0
 REQUEST_TIMEOUT = 300.0
-CPU_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# 1 GiB per CPU device for weights + KV cache (the default 2 GiB let two TP=3 engine cores, ~10 GiB each, exhaust
+# the machine's 24 GiB when two environments ran at once): 32-token sequences need a few pages.
+CPU_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MAXTEXT_COMPAT_CPU_HBM_GB": "1"}
 
 
 def _serve(model_dir, tmp_path_factory, *, tp: int, seqs: int) -> Iterator[Server]:
