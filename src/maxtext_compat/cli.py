@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--scan-layers", action="store_true", help="write a scanned checkpoint (MaxText training/decode)")
     cv.add_argument("--no-checkpoint", action="store_true", help="only the vLLM files (no MaxText needed)")
     cv.add_argument("--weight-dtype", default="float32", choices=["float32", "bfloat16"])
-    cv.add_argument("--force", action="store_true", help="replace a non-empty OUT once the new one is complete")
+    cv.add_argument("--force", action="store_true", help="replace an earlier conversion at OUT")
     cv.add_argument("--json", action="store_true")
     cv.set_defaults(func=_cmd_convert)
 

@@ -145,26 +145,43 @@ def test_a_failure_midway_leaves_no_directory_and_keeps_the_old_one(tmp_path, mo
     from maxtext_compat.convert import vllm_dir
 
     out = tmp_path / "model"
-    out.mkdir()
-    (out / "mine.txt").write_text("keep")
+    convert.convert(rm.smollm2_gguf(), out, checkpoint=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     mocker.patch.object(vllm_dir, "write_model_files", side_effect=OSError("disk full"))
     with pytest.raises(OSError, match="disk full"):
         convert.convert(rm.smollm2_gguf(), out, force=True, checkpoint=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
-    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
-def test_an_existing_directory_is_refused_without_force_and_replaced_with_it(tmp_path):
+def test_an_earlier_conversion_is_replaced_only_with_force(tmp_path):
     out = tmp_path / "model"
-    out.mkdir()
-    (out / "mine.txt").write_text("old")
+    convert.convert(rm.smollm2_gguf(), out, checkpoint=False)
+    (out / "stale.txt").write_text("from before")
     with pytest.raises(InvalidArgumentError, match="not empty") as err:
         convert.convert(rm.smollm2_gguf(), out, checkpoint=False)
-    assert "--force" in str(err.value)
-    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert "--force" in str(err.value) and (out / "stale.txt").is_file()
     result = convert.convert(rm.smollm2_gguf(), out, checkpoint=False, force=True)
-    assert "mine.txt" not in result.files and (out / "config.json").is_file()
+    assert "stale.txt" not in result.files and not (out / "stale.txt").exists() and (out / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+@pytest.mark.parametrize("where", ["a directory of your own", "the source's directory"])
+def test_force_never_replaces_a_directory_a_conversion_did_not_write(tmp_path, where):
+    """`--force` on the wrong path must not delete a user's directory (or the source inside it)."""
+    import shutil
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    src = rm.smollm2_gguf()
+    if where == "the source's directory":
+        src = mine / "model.gguf"
+        shutil.copy(rm.smollm2_gguf(), src)
+    with pytest.raises(InvalidArgumentError) as err:
+        convert.convert(src, mine, checkpoint=False, force=True)
+    assert err.value.argument == "out"
+    assert (mine / "notes.txt").read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
 @pytest.mark.parametrize("kind", ["text file", "missing", "output is a file"])

@@ -53,7 +53,7 @@ def _run(script: str, **env: str) -> dict[str, Any]:
 def test_register_is_idempotent_and_installs_ours_with_the_cpu_shim() -> None:
     r = _run(PLUGIN_SCRIPT)
     assert r["registered"] and r["model"] == "compat" and r["ours"] and r["vllm_knows"]
-    assert r["cpu_shim"].startswith("installed (mesh, hbm, compiler_options, rpa) [")
+    assert r["cpu_shim"].startswith("installed (mesh, hbm, compiler_options, rpa, host_copy) [")
     assert {"cpu-serving", "cpu-rpa"} <= set(r["profiles"])
 
 

@@ -79,19 +79,42 @@ def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
     )
 
 
-def _check_out(out: Path, force: bool) -> None:
+def _is_conversion(out: Path) -> bool:
+    """Whether `out` holds what a conversion writes (the only kind of directory `force` replaces)."""
+    import json
+
+    from maxtext_compat.serving.model_dir import ARCH, MAXTEXT_CONFIG
+
+    try:
+        archs = json.loads((out / "config.json").read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return archs == [ARCH] and (out / MAXTEXT_CONFIG).is_file()
+
+
+def _check_out(out: Path, src: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise InvalidArgumentError(
             "the output path is a file", argument="out", expected="a new or empty directory", found=str(out),
             fix="choose another output path",
         )  # fmt: skip
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if src.resolve().is_relative_to(out.resolve()):
         raise InvalidArgumentError(
-            "the output directory is not empty",
+            "the output directory holds the source; replacing it would delete the source",
             argument="out",
-            expected="a new or empty directory",
-            found=f"{out} with {sorted(x.name for x in out.iterdir())[:6]}",
-            fix="choose a new directory, or pass force=True (--force) to replace it once the new one is complete",
+            expected="a directory outside the source's",
+            found=f"out {out}, source {src}",
+            fix="write the conversion into a new directory",
+        )
+    entries = sorted(x.name for x in out.iterdir()) if out.is_dir() else []
+    if entries and not (force and _is_conversion(out)):
+        raise InvalidArgumentError(
+            "the output directory is not empty" + (" and was not written by a conversion" if force else ""),
+            argument="out",
+            expected="a new or empty directory" + ("" if force else ", or --force to replace an earlier conversion"),
+            found=f"{out} with {entries[:6]}",
+            fix="choose a new directory"
+            + ("; --force replaces only a directory maxtext-compat convert wrote" if force else ", or pass --force"),
         )
 
 
@@ -128,7 +151,7 @@ def convert(
             fix="pass weight_dtype='float32' (exact) or 'bfloat16' (half the size)",
         )
     target = Path(out).absolute()
-    _check_out(target, force)
+    _check_out(target, Path(src), force)
     ckpt, tokenizer, template = read_source(src)  # before any directory is made: a bad source leaves nothing
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
