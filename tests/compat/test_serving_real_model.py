@@ -91,12 +91,18 @@ class TestSeedCommandTP1:
         assert "random weights" not in log.lower()
 
 
-@pytest.fixture(scope="class")
+# One server per test from here on (function scope): three engine cores alive at once need ~12 GiB.
+@pytest.fixture
+def tp1_alone(smollm2_dir, tmp_path_factory):
+    yield from _serve(smollm2_dir, tmp_path_factory, tp=1, seqs=1)
+
+
+@pytest.fixture
 def tp3(smollm2_dir, tmp_path_factory):
     yield from _serve(smollm2_dir, tmp_path_factory, tp=3, seqs=1)
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture
 def seqs4(smollm2_dir, tmp_path_factory):
     yield from _serve(smollm2_dir, tmp_path_factory, tp=1, seqs=4)
 
@@ -104,8 +110,8 @@ def seqs4(smollm2_dir, tmp_path_factory):
 @pytest.mark.extended
 @pytest.mark.envs(*EXTENDED)
 class TestExtended:
-    def test_tp1_on_every_serving_release(self, tp1, reference, smollm2):
-        ids, text, _ = _complete(tp1, "Seattle is a")
+    def test_tp1_on_every_serving_release(self, tp1_alone, reference, smollm2):
+        ids, text, _ = _complete(tp1_alone, "Seattle is a")
         _check(reference, smollm2, 0, ids, text)
 
     def test_tp3_equals_the_reference(self, tp3, reference, smollm2):
