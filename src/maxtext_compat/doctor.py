@@ -159,7 +159,8 @@ def _render_rpa_kernel(k: dict[str, Any]) -> list[str]:
         return [f"RPA kernel on CPU: ERROR {k['error']['type']}: {k['error']['message']}"]
     if k["in_this_process"]:
         return [f"RPA kernel on CPU: {k['in_this_process']} (running in this process; {k['variable']}={k['setting']})"]
-    default = k["setting"] if k["setting"] != "unset" else "xla where tpu-inference binds the v3 kernels"
+    checked = "xla where tpu-inference (a checked release) binds the v3 kernels"
+    default = k["setting"] if k["setting"] != "unset" else checked
     return [f"RPA kernel on CPU servers: {default} ({k['variable']}: xla | pallas = the real kernel, interpreted)"]
 
 

@@ -382,7 +382,7 @@ def test_doctor_shows_the_rpa_kernel_or_the_bad_setting(monkeypatch: pytest.Monk
 
     monkeypatch.delenv("MAXTEXT_COMPAT_RPA_KERNEL", raising=False)
     line = [ln for ln in doctor.render(doctor.collect()).splitlines() if "RPA kernel" in ln]
-    assert line == [line[0]] and "xla where tpu-inference binds the v3 kernels" in line[0]
+    assert line == [line[0]] and "xla where tpu-inference (a checked release) binds the v3 kernels" in line[0]
     monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "pallas")
     assert "RPA kernel on CPU servers: pallas" in doctor.render(doctor.collect())
     monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "fast")

@@ -66,6 +66,8 @@ XLA_KERNELS = {  # attention_interface global -> (the v3 kernel module it must b
 log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _MISSING = object()
+# tpu-inference releases whose v3 / head_dim-64 kernels rpa_xla was held to (tests/compat/test_rpa_xla.py).
+XLA_VERIFIED_TPU_INFERENCE: tuple[str, ...] = ("0.32.0",)
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ def kernel_choice(value: str | None = None) -> str | None:
         raise InvalidArgumentError(
             f"{KERNEL_ENV} names no RPA kernel",
             argument=KERNEL_ENV,
-            expected=f"one of {list(KERNELS)} (or unset: xla where the v3 kernel is bound)",
+            expected=f"one of {list(KERNELS)} (or unset: xla where a checked tpu-inference binds the v3 kernels)",
             found=repr(raw),
             fix=f"set {KERNEL_ENV}=xla (fast, the kernel's semantics in XLA) or =pallas (the real kernel, interpreted)",
         )
@@ -233,11 +235,29 @@ def _bound_kernels() -> dict[str, bool]:
     return out
 
 
+def _tpu_inference_version() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("tpu-inference")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def resolve_kernel(choice: str | None) -> str:
-    """`xla` or `pallas` for this process: unset means xla when tpu-inference binds the v3 kernels
-    (not the experimental batched one), an explicit xla there is refused."""
+    """`xla` or `pallas` for this process: unset means xla when tpu-inference is a release whose kernels
+    rpa_xla was checked against and binds the v3 kernels (not the experimental batched one); an explicit
+    xla where another kernel is bound is refused, on an unchecked release it runs with a warning."""
     if choice == "pallas":
         return "pallas"
+    version = _tpu_inference_version()
+    if version not in XLA_VERIFIED_TPU_INFERENCE:
+        if choice is None:
+            log.info("maxtext_compat: rpa_xla is checked against tpu-inference %s, not %s; the real kernel runs",
+                     "/".join(XLA_VERIFIED_TPU_INFERENCE), version)  # fmt: skip
+            return "pallas"
+        log.warning("maxtext_compat: %s=xla on tpu-inference %s: rpa_xla reproduces the kernels of %s only",
+                    KERNEL_ENV, version, "/".join(XLA_VERIFIED_TPU_INFERENCE))  # fmt: skip
     unbound = [n for n, ok in _bound_kernels().items() if not ok]
     if not unbound:
         return "xla"
