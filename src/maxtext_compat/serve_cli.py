@@ -239,8 +239,8 @@ def build_command(
             fix="maxtext-compat serve /path/to/model --additional-config '{\"maxtext_config\": {...}}'",
         )
     if not ns.tiny:
-        from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG, read_maxtext_config
-        from maxtext_compat.serving.serve_inputs import check_model_dir
+        from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG
+        from maxtext_compat.serving.serve_inputs import check_model_dir, read_maxtext_config
 
         check_model_dir(model)  # before vLLM's ~40 s start-up, not as a traceback after it
         converted = read_maxtext_config(model)

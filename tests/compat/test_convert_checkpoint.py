@@ -17,6 +17,7 @@ np = pytest.importorskip("numpy")
 
 from maxtext_compat import convert  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
+from maxtext_compat.serving.reference import greedy_decode  # noqa: E402
 from maxtext_compat.testing import real_model as rm  # noqa: E402
 
 pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
@@ -65,7 +66,7 @@ def test_maxtexts_own_loader_greedy_decodes_the_reference(converted, reference):
     result, scanned = converted
     cfg, logits = rm.loaded_by_maxtext(result.out)
     assert bool(cfg.scan_layers) is scanned and cfg.load_parameters_path == result.checkpoint
-    got = rm.greedy_with(logits, reference[2])
+    got = greedy_decode(logits, reference[2], rm.NEW_TOKENS, length=int(cfg.max_target_length))
     for prompt, ours, want in zip(rm.PROMPTS, got, reference[1], strict=True):
         assert ours == want, f"{prompt!r}: {ours} vs reference {want}"
 

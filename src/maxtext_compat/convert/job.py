@@ -81,15 +81,14 @@ def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
 
 def _is_conversion(out: Path) -> bool:
     """Whether `out` holds what a conversion writes (the only kind of directory `force` replaces)."""
-    import json
-
-    from maxtext_compat.serving.model_dir import ARCH, MAXTEXT_CONFIG
+    from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG
+    from maxtext_compat.serving.serve_inputs import check_model_dir
 
     try:
-        archs = json.loads((out / "config.json").read_text(encoding="utf-8")).get("architectures")
-    except (OSError, ValueError, AttributeError):
+        check_model_dir(str(out))  # config.json naming MaxTextForCausalLM, read as `serve` reads it
+    except InvalidArgumentError:
         return False
-    return archs == [ARCH] and (out / MAXTEXT_CONFIG).is_file()
+    return (out / MAXTEXT_CONFIG).is_file()
 
 
 def _check_out(out: Path, src: Path, force: bool) -> None:

@@ -59,24 +59,3 @@ def write_model_dir(path: str, maxtext: Mapping[str, Any], **kw: Any) -> str:
         json.dump(hf_config(maxtext, **kw), f, indent=2, sort_keys=True)
         f.write("\n")
     return path
-
-
-def read_maxtext_config(model_dir: str) -> dict[str, Any] | None:
-    """The maxtext_config.json a conversion wrote into `model_dir`, or None when there is none."""
-    path = os.path.join(model_dir, MAXTEXT_CONFIG)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        value = exc
-    if not isinstance(value, dict):
-        raise InvalidArgumentError(
-            f"{path} is not a JSON object of MaxText config keys",
-            argument=MAXTEXT_CONFIG,
-            expected="a JSON object, as maxtext-compat convert writes it",
-            found=str(value) if isinstance(value, Exception) else type(value).__name__,
-            fix="re-run maxtext-compat convert, or delete the file and pass --additional-config",
-        )
-    return value

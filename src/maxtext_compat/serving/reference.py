@@ -53,9 +53,9 @@ def greedy_decode(
     for _ in range(steps):
         batch = [s + [pad_id] * (length - len(s)) for s in seqs]
         logits = logits_fn(batch)
-        rows = logits.tolist() if hasattr(logits, "tolist") else logits
         for i, s in enumerate(seqs):
-            tok = _argmax(rows[i][len(s) - 1])
+            row = logits[i][len(s) - 1]  # only the read position leaves the array (a real vocabulary is 49k wide)
+            tok = _argmax(row.tolist() if hasattr(row, "tolist") else row)
             s.append(tok)
             out[i].append(tok)
     return out

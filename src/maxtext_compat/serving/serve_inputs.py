@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG
 
 ARCH = "MaxTextForCausalLM"
 MAX_JSON_DEPTH = 32  # maxtext_config is a flat mapping; 32 levels leave room for any nested option
@@ -71,22 +72,27 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _strict_json(raw: str) -> tuple[Any, str | None]:
+    """(value, None), or (None, what is wrong): no NaN/Infinity, no duplicate keys, no non-finite floats
+    or oversized integers, at most MAX_JSON_DEPTH levels."""
+    try:
+        data = json.loads(raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        return None, f"nested more than Python can parse (limit {MAX_JSON_DEPTH} levels)"
+    except json.JSONDecodeError as exc:
+        return None, f"{exc.msg} at position {exc.pos}"
+    except ValueError as exc:  # our hooks, and integers over Python's 4300-digit limit
+        return None, str(exc)
+    if _depth(data) > MAX_JSON_DEPTH:
+        return None, f"nested {_depth(data)} levels deep (limit {MAX_JSON_DEPTH})"
+    return data, None
+
+
 def parse_additional_config(raw: str, flag: str = "--additional-config") -> dict[str, Any]:
     """The JSON object of `--additional-config`, strictly parsed: no NaN/Infinity, no duplicate keys,
     no non-finite floats or oversized integers, at most MAX_JSON_DEPTH levels, maxtext_config an object."""
     example = '{"maxtext_config": {"model_name": "default"}}'
-    try:
-        data = json.loads(raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite)
-    except RecursionError:
-        data, problem = None, f"nested more than Python can parse (limit {MAX_JSON_DEPTH} levels)"
-    except json.JSONDecodeError as exc:
-        data, problem = None, f"{exc.msg} at position {exc.pos}"
-    except ValueError as exc:  # our hooks, and integers over Python's 4300-digit limit
-        data, problem = None, str(exc)
-    else:
-        problem = None
-    if problem is None and _depth(data) > MAX_JSON_DEPTH:
-        problem = f"nested {_depth(data)} levels deep (limit {MAX_JSON_DEPTH})"
+    data, problem = _strict_json(raw)
     if problem is not None:
         raise InvalidArgumentError(
             f"{flag} is not valid JSON for vLLM's additional_config",
@@ -199,3 +205,21 @@ def check_model_dir(model: str) -> dict[str, Any]:
             fix=f'set "architectures": ["{ARCH}"] in {cfg_file} (maxtext-compat serves MaxText models), or use --tiny',
         )
     return cfg
+
+
+def read_maxtext_config(model: str) -> dict[str, Any] | None:
+    """The maxtext_config.json `maxtext-compat convert` wrote into `model` (None when there is none), read as
+    strictly as config.json and --additional-config."""
+    path = Path(model) / MAXTEXT_CONFIG
+    if not path.exists():
+        return None
+    data, problem = _strict_json(_read_regular(path, MAXTEXT_CONFIG, MAXTEXT_CONFIG))
+    if problem is not None or not isinstance(data, dict):
+        raise InvalidArgumentError(
+            f"{path} is not a JSON object of MaxText config keys",
+            argument=MAXTEXT_CONFIG,
+            expected="a JSON object, as maxtext-compat convert writes it",
+            found=problem if problem is not None else f"a JSON {type(data).__name__}",
+            fix="re-run maxtext-compat convert, or delete the file and pass --additional-config",
+        )
+    return data

@@ -25,6 +25,7 @@ leaves parts out, which is how the tests prove the shim is what makes serving wo
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -325,16 +326,9 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]
     return specs
 
 
-_FOR_BUILD: dict[str, Any] = {"parts": (), "kernel": None}
-
-
-def _build() -> list[PatchSpec]:
-    return _specs(_FOR_BUILD["parts"], _FOR_BUILD["kernel"])
-
-
 DESCRIPTION = "vllm serve on a CPU backend (F1, F2, F4, F5, the XLA kernel for F3)"
-if PROFILE not in profiles.registered_profiles():
-    profiles.register_profile(PROFILE, _build, description=DESCRIPTION)
+if PROFILE not in profiles.registered_profiles():  # listed from import on; install() registers the parts it applies
+    profiles.register_profile(PROFILE, functools.partial(_specs, ()), description=DESCRIPTION)
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,9 +419,9 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
         skipped = tuple(p for p in PARTS if p not in wanted)
         patch_targets: list[str] = []
         kernel = resolve_kernel(kernel_choice()) if "rpa" in wanted else None
-        _FOR_BUILD.update(parts=wanted, kernel=kernel)
-        if not profiles.installed(PROFILE):  # specs are cached per registration: a new one builds these parts
-            profiles.register_profile(PROFILE, _build, description=DESCRIPTION, replace=True)
+        if not profiles.installed(PROFILE):  # specs are built once per registration: register these parts
+            builder = functools.partial(_specs, wanted, kernel)
+            profiles.register_profile(PROFILE, builder, description=DESCRIPTION, replace=True)
         patch_set = profiles.install(PROFILE) if any(p != "rpa" for p in wanted) or kernel == "xla" else None
         try:
             if patch_set is not None:

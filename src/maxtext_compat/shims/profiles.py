@@ -72,7 +72,8 @@ _COMPANION_OF: dict[str, str] = {}  # profile -> the companion its install(conve
 
 
 def register_profile(name: str, builder: ProfileBuilder, *, description: str = "", replace: bool = False) -> None:
-    """Register `builder` (called at each install, returns the PatchSpecs) under `name`."""
+    """Register `builder` (returns the PatchSpecs; called at the first install after registering, its
+    specs then kept for the process) under `name`; register again (replace=True) to change them."""
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgumentError(
             "a profile needs a name",

