@@ -8,8 +8,10 @@ with no KV argument (written after PR #2616). Each release runs the body of its 
 other era's body unchanged under `shims.install(convention=...)`: `kv_return` on 0.1.0 (vllm-backport),
 `legacy` on 0.2.x (the call rule in MaxText's own classes). Both bodies make MaxText's own assertion
 (decode equals the full-sequence output, tolerance below) and the foreign-era run gives exactly the
-numbers of the native run (same module, weights and inputs). Without the declaration the new-era body on
-0.1.0 fails with "not enough values to unpack" and the old-era body on 0.2.x gets tuples.
+numbers of the native run (same module, weights and inputs). Across releases, the foreign-era run also equals
+that body's native run on the release it was written for (new era: MaxText 0.2.5; old era: 0.1.0), run in
+that environment on this release's Attention weights (tests/compat/era_partner.py). Without the declaration
+the new-era body on 0.1.0 fails with "not enough values to unpack" and the old-era body on 0.2.x gets tuples.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from maxtext_compat.testing import tiny  # noqa: E402
 ROW = tiny.installed_row()
 LEGACY = not ROW.has_kv_params
 NATIVE_ERA = "old" if LEGACY else "new"
+FOREIGN_ERA = "new" if LEGACY else "old"
 FOREIGN = {"old": "legacy", "new": "kv_return"}  # the convention a body of each era declares
 BATCH, TOTAL, PREFILL = 2, 24, 16
 # MaxText's own autoregression tests use rtol=atol=1e-2 for every dtype; measured here: f32 ~7e-7, bf16 ~3e-2
@@ -102,16 +105,37 @@ def _attention(cfg, mesh, variant):
     )  # fmt: skip
 
 
-def _run(variant, era, declare=None):
+def _config(variant):
     cfg = tiny.tiny_config("default", max_target_length=TOTAL, max_prefill_predict_length=PREFILL,
                            **VARIANTS[variant])  # fmt: skip
-    mesh = tiny.tiny_mesh(cfg)
+    return cfg, tiny.tiny_mesh(cfg)
+
+
+def _save_weights(variant, path):
+    """This release's Attention for `variant` (seed 0, as _run builds it) written to an .npz."""
+    from maxtext_compat.weights import save_params
+
+    cfg, mesh = _config(variant)
+    with tiny.mesh_context(cfg, mesh):
+        save_params(_attention(cfg, mesh, variant), path)
+
+
+def _run(variant, era, declare=None, *, weights_in=None):
+    """One body on a fresh Attention: (config, (full, prefill, decoded)).
+
+    weights_in: an .npz of the Attention's parameters to load first (the cross-release comparison moves them
+    to the release the body was written for)."""
+    from maxtext_compat.weights import load_npz, load_params
+
+    cfg, mesh = _config(variant)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((BATCH, TOTAL, cfg.emb_dim)), dtype=cfg.dtype)
     pos = jnp.broadcast_to(jnp.arange(TOTAL, dtype=jnp.int32), (BATCH, TOTAL))
     seg = jnp.ones((BATCH, TOTAL), jnp.int32)
     with tiny.mesh_context(cfg, mesh):
         attention = _attention(cfg, mesh, variant)
+        if weights_in is not None:
+            load_params(attention, load_npz(weights_in), where=f"MaxText {ROW.name} attention ({variant})")
         if declare is None:
             return cfg, BODIES[era](attention, x, pos, seg)
         before = shims.active_profiles()
@@ -136,16 +160,100 @@ def _maxtexts_assertion(cfg, result, variant):
     # checked against the full pass; the decode is still compared across eras, exactly, below.
 
 
+# The release each era's body was written for: its native run there is the reference for the declared run
+# here, on this release's Attention weights. Measured: exact (0.0) where both environments have the same jax
+# (0.2.5 vs 0.1.0-jax011); MaxText 0.1.0 on its older jax vs 0.2.5: f32 <= 1.7e-6, bf16 exact.
+WRITTEN_FOR = {"new": "maxtext-0.2.5", "old": "maxtext-0.1.0-jax011"}
+CROSS_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+
+
+class _WrittenFor:
+    """The foreign-era body run natively in the environment of the release it was written for (every variant,
+    one process started by the fixture; `result(variant)` waits for it)."""
+
+    def __init__(self, work):
+        import json
+        import os
+        import subprocess
+        from pathlib import Path
+
+        from maxtext_compat.envs import env_python, project_root
+        from maxtext_compat.testing.crossrun import CPU_ENV
+
+        self.env = WRITTEN_FOR[FOREIGN_ERA]
+        self.outs, runs = {}, []
+        for variant in VARIANTS:
+            weights, out = work / f"{variant}.weights.npz", work / f"{variant}.out.npz"
+            _save_weights(variant, weights)
+            self.outs[variant] = out
+            runs.append({"variant": variant, "weights": str(weights), "out": str(out)})
+        request = work / "request.json"
+        request.write_text(json.dumps({"era": FOREIGN_ERA, "runs": runs}))
+        self.log = work / "log.txt"
+        with open(self.log, "w") as f:
+            self.process = subprocess.Popen(
+                [str(env_python(self.env)), str(Path(__file__).with_name("era_partner.py")), str(request)],
+                cwd=project_root(), stdout=f, stderr=subprocess.STDOUT,
+                env={**os.environ, **CPU_ENV, **self._compile_cache(), "MAXTEXT_COMPAT_ENV": self.env},
+            )  # fmt: skip
+
+    def _compile_cache(self):
+        """The partner's own JAX compilation cache when this run has one (not this environment's)."""
+        import os
+
+        from maxtext_compat.testmatrix import compile_cache_env
+
+        return compile_cache_env(self.env) if os.environ.get("JAX_COMPILATION_CACHE_DIR") else {}
+
+    def result(self, variant):
+        import subprocess
+
+        try:
+            code = self.process.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        if code != 0 or not self.outs[variant].is_file():
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+            pytest.fail(f"the {FOREIGN_ERA}-era body did not run natively in {self.env} (exit {code}):\n{tail}")
+        with np.load(self.outs[variant]) as npz:
+            return {k: npz[k] for k in npz.files}
+
+
+@pytest.fixture(scope="module")
+def written_for(tmp_path_factory):
+    import os
+
+    from maxtext_compat.testing.crossrun import missing_env
+
+    reason = missing_env(WRITTEN_FOR[FOREIGN_ERA])
+    if reason is not None:
+        if os.environ.get("MAXTEXT_COMPAT_ENV"):  # the matrix runner builds every environment: a skip would hide it
+            pytest.fail(f"{reason}; the matrix runner builds it, so it must exist")
+        pytest.skip(reason)
+    runs = _WrittenFor(tmp_path_factory.mktemp("written_for"))
+    yield runs
+    if runs.process.poll() is None:
+        runs.process.kill()
+        runs.process.wait()
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_the_other_eras_test_runs_unchanged_and_equals_the_native_one(variant):
-    foreign = "new" if NATIVE_ERA == "old" else "old"
+def test_the_other_eras_test_runs_unchanged_and_equals_the_native_one(variant, written_for):
+    """Same release: the declared run equals the native-era run exactly. Across releases: it equals the body's
+    own native run on the release it was written for (same weights and inputs)."""
     cfg, native = _run(variant, NATIVE_ERA)
     _maxtexts_assertion(cfg, native, variant)
-    _, declared = _run(variant, foreign, declare=FOREIGN[foreign])
+    _, declared = _run(variant, FOREIGN_ERA, declare=FOREIGN[FOREIGN_ERA])
     _maxtexts_assertion(cfg, declared, variant)
     for ours, theirs in zip(declared, native, strict=True):
         np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
     assert "call-rule" not in shims.active_profiles()  # the install that brought it took it away
+    tol = CROSS_TOLERANCE[str(np.dtype(cfg.dtype))]
+    theirs = written_for.result(variant)
+    for name, ours in zip(("full", "prefill", "decoded"), declared, strict=True):
+        where = f"{name}: declared on {ROW.name} vs native on {written_for.env}"
+        np.testing.assert_allclose(np.asarray(ours, np.float32), theirs[name], rtol=tol, atol=tol, err_msg=where)
 
 
 def test_without_a_declaration_the_other_eras_first_call_is_misread():
@@ -216,9 +324,8 @@ def _layer_run(scan, era, declare=None):
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
 def test_the_other_eras_layer_test_runs_unchanged_and_equals_the_native_one(scan):
-    foreign = "new" if NATIVE_ERA == "old" else "old"
     native = _layer_run(scan, NATIVE_ERA)
-    declared = _layer_run(scan, foreign, declare=FOREIGN[foreign])
+    declared = _layer_run(scan, FOREIGN_ERA, declare=FOREIGN[FOREIGN_ERA])
     assert isinstance(declared, jax.Array) and declared.shape == native.shape == (BATCH, 16, declared.shape[-1])
     np.testing.assert_array_equal(np.asarray(declared), np.asarray(native))
 
