@@ -41,12 +41,28 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
     if res is not None:
         report["resolution"] = res.as_dict()
         report["skipped"] = _would_skip(res, m)
+        report["known_defects"] = _known_defects(res, m)
     report["callers"] = _caller_convention(res)
     report["rpa_kernel"] = _rpa_kernel()
     report["active_patches"] = _active_patches()
     report["traced_before_install"] = _traced_before_install()
     report["side_effects"] = side_effects()
     return report
+
+
+def _known_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
+    """The installed row's known defects and whether the installed tpu-inference meets their condition."""
+    from maxtext_compat import defects
+
+    if res.maxtext is None:
+        return []
+    tpi = res.versions.get("tpu_inference")
+    version = None if tpi is None else m.comparable("tpu_inference", tpi.version)
+    statuses = defects.statuses(res.maxtext, version)
+    return [
+        {"id": s.defect.id, "applies": s.applies, "remedy": s.defect.remedy, "line": line}
+        for s, line in zip(statuses, defects.describe(statuses), strict=True)
+    ]
 
 
 def _traced_before_install() -> dict[str, list[str]]:
@@ -211,6 +227,10 @@ def render(report: dict[str, Any]) -> str:
                     lines.append(f"  MISMATCH {f['check']}: matrix {f['expected']}, installed {f['found']}")
         for note in res["notes"]:
             lines.append(f"note: {note}")
+    known = report.get("known_defects") or []
+    if known:
+        lines.append(f"known defects of this MaxText row: {len(known)}")
+        lines.extend(f"  {d['line']}" for d in known)
     lines.extend(_render_callers(report["callers"]))
     lines.extend(_render_rpa_kernel(report["rpa_kernel"]))
     patches = report["active_patches"]

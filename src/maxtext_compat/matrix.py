@@ -116,16 +116,38 @@ class Deprecation:
     migration: str
 
 
+DEFECT_REMEDIES: tuple[str, ...] = ("fix", "refuse")  # a shim repairs it, or a typed error stops the run
+
+
+@dataclass(frozen=True)
+class DefectCondition:
+    """When a defect applies besides the MaxText release: the installed tpu-inference and config values.
+
+    config maps a MaxText config key to the values (fnmatch patterns) it applies to; every key must match.
+    """
+
+    tpu_inference: SpecifierSet | None = None
+    config: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def describe(self, *, versions: bool = True) -> str:
+        parts = [f"tpu-inference {self.tpu_inference}"] if versions and self.tpu_inference is not None else []
+        parts += [f"{key} in {list(values)}" for key, values in self.config.items()]
+        return ", ".join(parts) or "always"
+
+
 @dataclass(frozen=True)
 class KnownDefect:
-    """An upstream defect a shim can fix, with the reasoning a reviewer needs."""
+    """An upstream defect with the reasoning a reviewer needs: fixed by a shim or refused with a typed error."""
 
     id: str
     summary: str
     affects: tuple[str, ...]
     why: str
     how: str
-    undo: str
+    undo: str | None  # how the fix is taken back (None for a refusal: nothing is changed)
+    remedy: str = "fix"  # one of DEFECT_REMEDIES
+    when: DefectCondition = field(default_factory=DefectCondition)
+    upstream_fix: str | None = None  # the MaxText release or PR that fixed it
 
 
 @dataclass(frozen=True)
@@ -139,6 +161,8 @@ class VllmPath:
     update_kv_cache_kwarg: bool
     adapter: ClassRef
     adapter_return_arity: int
+    # The decoder takes tpu-inference's per-layer attention_metadata dict (several KV-cache groups) itself.
+    per_layer_metadata: bool = False
 
 
 @dataclass(frozen=True)
@@ -691,7 +715,7 @@ def _param_list(n: Node) -> list[str]:
 def _parse_vllm(n: Node) -> VllmPath:
     n.only_keys({
         "attention_modes", "rpa_module", "rpa_call_form", "serve_return_order", "update_kv_cache_kwarg",
-        "adapter", "adapter_return_arity",
+        "adapter", "adapter_return_arity", "per_layer_metadata",
     })  # fmt: skip
     arity = n.child("adapter_return_arity").integer()
     if arity not in (3, 4):
@@ -708,6 +732,7 @@ def _parse_vllm(n: Node) -> VllmPath:
         update_kv_cache_kwarg=n.child("update_kv_cache_kwarg").boolean(),
         adapter=n.child("adapter").parsed(ClassRef.parse, "a 'module:Class' reference"),
         adapter_return_arity=arity,
+        per_layer_metadata=n.child("per_layer_metadata").boolean() if n.optional("per_layer_metadata") else False,
     )
 
 
@@ -741,14 +766,51 @@ def _parse_deprecation(n: Node) -> Deprecation:
 
 
 def _parse_defect(n: Node) -> KnownDefect:
-    n.only_keys({"id", "summary", "affects", "why", "how", "undo"})
+    n.only_keys({"id", "summary", "affects", "why", "how", "undo", "remedy", "when", "upstream_fix"})
+    remedy = n.child("remedy").choice(DEFECT_REMEDIES) if n.optional("remedy") else "fix"
+    undo = n.optional("undo")
+    if remedy == "fix" and undo is None:
+        raise n.error(
+            "a defect fixed by a shim must say how the fix is undone",
+            expected="an 'undo' entry (remedy: fix)",
+            fix="add undo: <how shims.uninstall() restores the original>, or set remedy: refuse",
+        )
+    if remedy == "refuse" and undo is not None:
+        raise undo.error(
+            "a refused defect changes nothing, so there is nothing to undo",
+            expected="no 'undo' entry with remedy: refuse",
+            fix="remove 'undo', or set remedy: fix if a shim repairs it",
+        )
     return KnownDefect(
         id=n.child("id").nonempty_string(),
         summary=n.child("summary").nonempty_string(),
         affects=n.child("affects").string_list(),
         why=n.child("why").nonempty_string(),
         how=n.child("how").nonempty_string(),
-        undo=n.child("undo").nonempty_string(),
+        undo=None if undo is None else undo.nonempty_string(),
+        remedy=remedy,
+        when=_parse_condition(n.optional("when")),
+        upstream_fix=n.child("upstream_fix").nonempty_string() if n.optional("upstream_fix") else None,
+    )
+
+
+def _parse_condition(n: Node | None) -> DefectCondition:
+    if n is None:
+        return DefectCondition()
+    n.only_keys({"tpu_inference", "config"})
+    tpi = n.optional("tpu_inference")
+    config: dict[str, tuple[str, ...]] = {}
+    if n.optional("config") is not None:
+        for key, values in n.child("config").items():
+            config[key] = values.string_list()
+            if not config[key]:
+                raise values.error(
+                    "an empty list matches no config",
+                    expected="one value or pattern at least",
+                    fix=f"list the values of {key} the defect applies to, or remove the key",
+                )
+    return DefectCondition(
+        tpu_inference=None if tpi is None else tpi.parsed(SpecifierSet, "a version specifier"), config=config
     )
 
 

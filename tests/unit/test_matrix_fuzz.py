@@ -54,7 +54,9 @@ def _small(row: int, tpi: int) -> dict[str, Any]:
     mt.update(notes="n", jax_verified=mt["jax_verified"][:1])
     mt["deprecation"]["migration"] = "m"
     for defect in mt.get("known_defects", []):
-        defect.update(summary="s", why="w", how="h", undo="u")
+        defect.update(summary="s", why="w", how="h")
+        if defect.get("remedy", "fix") == "fix":
+            defect["undo"] = "u"
     mt["decoder_layers"] = {k: v for k, v in mt["decoder_layers"].items() if k in ("default", "llama2")}
     t = doc["tpu_inference"][tpi]
     t["releases"] = dict(list(t["releases"].items())[:1])

@@ -88,6 +88,8 @@ def translate(
     is_new = written or force_new
     kv = arguments.pop(kv_name, None)
     md = arguments.pop(md_name, None)
+    if isinstance(md, Mapping):
+        md = per_layer_metadata(kind, row, md, kv, where)
     has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in native.parameters.values())
     out = Translated(kwargs={}, is_new=is_new, written=written, kv=kv, metadata=md)
     if is_new and kv_name in native.parameters:
@@ -112,6 +114,55 @@ def translate(
     return out
 
 
+def _layer_entry(md: Mapping[Any, Any], layer: int) -> Any:
+    """The key MaxText 0.2.5's NNXDecoder reads for a layer: "layer.{i}", else the index itself."""
+    return md.get(f"layer.{layer}", md.get(layer))
+
+
+def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: Any, where: str) -> Any:
+    """tpu-inference's per-layer attention_metadata (a dict, several KV-cache groups): passed on where the
+    release reads it per layer and every layer has its entry; one object where every layer has the same one;
+    else refused. Never a layer silently given another layer's, or no, metadata."""
+    if kind in ("attention", "decoder_layer"):
+        raise InvalidArgumentError(
+            f"{where} takes one layer's attention metadata, not the per-layer dict",
+            argument="attention_metadata",
+            expected="one AttentionMetadata (this layer's)",
+            found=f"a dict with keys {sorted(map(str, md))[:4]}",
+            fix='pass this layer\'s entry: attention_metadata["layer.<i>"]',
+        )
+    layers = len(kv) if isinstance(kv, (list, tuple)) else None
+    if layers is None:
+        raise InvalidArgumentError(
+            f"{where} got a per-layer attention_metadata dict without kv_caches to say how many layers it covers",
+            argument="attention_metadata",
+            expected="a dict together with kv_caches=[one cache per layer]",
+            found=f"a dict with {len(md)} entries and kv_caches={describe(kv)}",
+            fix="pass kv_caches= with the per-layer dict, or one AttentionMetadata",
+        )
+    entries = [_layer_entry(md, i) for i in range(layers)]
+    missing = [i for i, e in enumerate(entries) if e is None]
+    if missing:
+        raise InvalidArgumentError(
+            f"the per-layer attention_metadata has no entry for layer(s) {missing} of {layers}",
+            argument="attention_metadata",
+            expected=f'keys "layer.0" .. "layer.{layers - 1}" (or 0 .. {layers - 1})',
+            found=f"keys {sorted(map(str, md))[:8]}",
+            fix="give every layer its metadata (a layer without one would run without its KV cache)",
+        )
+    if row.vllm is not None and row.vllm.per_layer_metadata:
+        return md
+    if all(e is entries[0] for e in entries):
+        return entries[0]  # one KV-cache group: every layer shares the one metadata
+    raise InvalidArgumentError(
+        f"MaxText {row.name} gives every layer the same attention metadata; this dict holds several",
+        argument="attention_metadata",
+        expected="one AttentionMetadata for every layer (one KV-cache group)",
+        found=f"{len({id(e) for e in entries})} different metadata objects over {layers} layers",
+        fix="serve this model (several KV-cache groups) with MaxText 0.2.5 or newer",
+    )
+
+
 def describe(value: Any) -> str:
     """An argument's value for an error message: type and shape for arrays, a short repr otherwise."""
     shape = getattr(value, "shape", None)
@@ -127,4 +178,8 @@ def check_kv_writes(kind: str, t: Translated, where: str) -> None:
 
     caches = list(t.kv) if kind in ("decoder", "transformer") else [t.kv]
     positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
+    if isinstance(t.metadata, Mapping):  # per-layer metadata (checked complete by per_layer_metadata)
+        for layer, cache in enumerate(caches):
+            check_new_call([cache], _layer_entry(t.metadata, layer), positions, f"{where} (layer {layer})")
+        return
     check_new_call(caches, t.metadata, positions, where)

@@ -276,14 +276,35 @@ DEFECT_TARGETS: dict[str, Any] = {
 }
 
 
+def _config_checks(row: MaxTextRow, tpu_inference: Any) -> Any:
+    """pyconfig.initialize: refuse a config that hits a refused defect or a non-RPA vLLM attention backend."""
+    from maxtext_compat import defects
+
+    def factory(original: Any) -> Any:
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            config = wrapped(*args, **kwargs)
+            defects.check_config(row, tpu_inference, config)
+            defects.check_attention_backend(config)
+            return config
+
+        return wrapper
+
+    return factory
+
+
 def defect_specs(row: MaxTextRow) -> list[Any]:
+    from maxtext_compat import defects
     from maxtext_compat.shims import PatchSpec
 
     specs: list[Any] = []
+    tpi = defects.installed_tpu_inference()
+    if row.vllm is not None and tpi is not None:  # MaxText's own vLLM path, with a tpu-inference to serve it
+        origin = f"{__name__}._config_checks (refused known defects, attention backend)"
+        specs.append(PatchSpec(f"{row.config.pyconfig}:initialize", _config_checks(row, tpi), origin=origin))
     seen: set[str] = set()
     for defect in row.known_defects:
         factory = DEFECT_TARGETS.get(defect.id)
-        if factory is None:
+        if factory is None or defect.remedy != "fix":
             continue
         for key in defect.affects:
             family = key.split(".", 1)[1] if key.startswith("decoder_layers.") else None
@@ -326,8 +347,10 @@ def choose(resolution: Any) -> str | None:
         return None
     if not row.has_kv_params:
         return BACKPORT
-    if any(d.id in DEFECT_TARGETS for d in row.known_defects):
+    if any(d.id in DEFECT_TARGETS and d.remedy == "fix" for d in row.known_defects):
         return DEFECTS
+    if row.vllm is not None and resolution.versions.get("tpu_inference") is not None:
+        return DEFECTS  # the config checks: refused defects and the attention backend of a vLLM server
     return None
 
 

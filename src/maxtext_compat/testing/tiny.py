@@ -145,7 +145,7 @@ def tiny_config(
     """A MaxText config for a tiny model of `family`, tensor-parallel over `tp` devices.
 
     vllm=True starts from the release's configs/inference/vllm.yml (what MaxText's own vLLM
-    adapter loads) and sets attention="vllm_rpa".
+    adapter loads) and sets attention="vllm_rpa" (unless attention names another vLLM kernel).
     """
     if family not in FAMILIES:
         raise InvalidArgumentError(
@@ -172,7 +172,7 @@ def tiny_config(
                 fix="use vllm=False; the backport (maxtext_compat.adapters) provides the vLLM path for this release",
             )
         yml = a.package_dir / a.row.config.vllm_yml
-        ov["attention"] = "vllm_rpa"
+        ov["attention"] = attention if attention.startswith("vllm_") else "vllm_rpa"
     ov.update(overrides)
     if ov.get("load_parameters_path") and "enable_checkpointing" not in overrides:
         ov["enable_checkpointing"] = True  # pyconfig of 0.1.0-0.2.4 refuses to load a checkpoint otherwise
