@@ -335,8 +335,16 @@ def _apply_views() -> None:
         _remember(targets, views.restore, "pallas_interpret_views.apply")
 
 
+def _tpu_info_module() -> Any:
+    """jax's TPU hardware table: jax._src.tpu_info (jax >= 0.10), jax._src.pallas.mosaic.tpu_info before."""
+    try:
+        return importlib.import_module("jax._src.tpu_info")
+    except ImportError:
+        return importlib.import_module("jax._src.pallas.mosaic.tpu_info")
+
+
 def _apply_tpu_info() -> None:
-    from jax._src import tpu_info
+    tpu_info = _tpu_info_module()
 
     before = tpu_info.registry.get("cpu", _MISSING)
     if before is not _MISSING:
@@ -355,7 +363,7 @@ def _apply_tpu_info() -> None:
         if callable(clear):
             clear()
 
-    _remember((TPU_INFO_TARGET,), undo, "cpu_rpa._apply_tpu_info")
+    _remember((f"{tpu_info.__name__}:registry['cpu']",), undo, "cpu_rpa._apply_tpu_info")
 
 
 def _patch_attr(module_name: str, attr: str, replacement: Any) -> bool:

@@ -48,14 +48,26 @@ def apply() -> list[str]:
             return []
         mod = _module()
         originals = {n: getattr(mod, n) for n in PATCHED_NAMES}
-        raw = {n: f.__wrapped__ for n, f in originals.items()}  # undecorated: what DMAs call
+        # jax 0.11/0.12: decorated callbacks whose undecorated `__wrapped__` DMAs call, threading a token;
+        # jax 0.9: plain module functions (DMAs call the module's names) without a token.
+        raw = {n: getattr(f, "__wrapped__", f) for n, f in originals.items()}
+        tokened = _takes_token(raw["get"])
+        if not tokened:
+            raw = _add_token(raw)
         replacements = {
             "get": _make_get(raw["get"]),
             "store": _make_store(raw["get"], raw["store"]),
             "swap": _make_swap(raw["get"], raw["store"], raw["swap"]),
         }
+        if not tokened:
+            replacements = _drop_token(replacements)
+        decorate = getattr(mod, "fail_on_exception", None)  # the stock callbacks' error reporting, where it exists
         for name, inner in replacements.items():
-            wrapped = mod.fail_on_exception(inner)  # same error reporting as the stock callbacks
+            wrapped = (
+                decorate(inner)
+                if decorate is not None
+                else functools.wraps(inner)(lambda *a, _f=inner, **k: _f(*a, **k))
+            )
             functools.update_wrapper(wrapped, inner)
             wrapped.__wrapped__ = inner
             setattr(mod, name, wrapped)
@@ -98,6 +110,32 @@ def _module() -> Any:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call
 
     return interpret_pallas_call
+
+
+def _takes_token(fn: Any) -> bool:
+    import inspect
+
+    return next(iter(inspect.signature(fn).parameters)) == "token"
+
+
+def _add_token(raw: dict[str, Any]) -> dict[str, Any]:
+    """Token-threading views of a tokenless interpreter's callbacks (so one set of wrappers serves both)."""
+    get, store, swap = raw["get"], raw["store"], raw["swap"]
+    return {
+        "get": lambda token, *a, **k: (token, get(*a, **k)),
+        "store": lambda token, *a, **k: (store(*a, **k), token)[1],
+        "swap": lambda token, *a, **k: (token, swap(*a, **k)),
+    }
+
+
+def _drop_token(replacements: dict[str, Any]) -> dict[str, Any]:
+    """The tokenless interpreter's signatures and returns for the wrappers."""
+    get, store, swap = replacements["get"], replacements["store"], replacements["swap"]
+    return {
+        "get": lambda *a, **k: get(None, *a, **k)[1],
+        "store": lambda *a, **k: (store(None, *a, **k), None)[1],
+        "swap": lambda *a, **k: swap(None, *a, **k)[1],
+    }
 
 
 def _make_get(raw_get: Any) -> Any:
