@@ -142,6 +142,24 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from maxtext_compat.migrate import files
+
+    try:
+        import libcst  # noqa: F401
+    except ImportError:
+        print("maxtext-compat: error: migrate needs libcst: pip install 'maxtext-compat[migrate]'", file=sys.stderr)
+        return 2
+    reports = files.run([Path(p) for p in args.paths], args.to, write=args.write)
+    if args.json:
+        print(files.as_json(reports))
+    else:
+        print(files.render(reports, diff=args.diff, wrote=args.write))
+    return files.exit_code(reports, check=args.check)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -206,6 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--force", action="store_true", help="replace an earlier conversion at OUT")
     cv.add_argument("--json", action="store_true")
     cv.set_defaults(func=_cmd_convert)
+
+    mg = sub.add_parser("migrate", help="find and rewrite call sites of MaxText layers for the other convention")
+    mg.add_argument("paths", nargs="+", help="files or directories (*.py, recursively)")
+    mg.add_argument("--to", choices=["kv_return", "legacy"], default="kv_return",
+                    help="kv_return: unpack (out, kv_cache) (MaxText PR #2616); legacy: the bare results")  # fmt: skip
+    mode = mg.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if any call site needs a change (for CI)")
+    mode.add_argument("--write", action="store_true", help="rewrite the files in place")
+    mg.add_argument("--diff", action="store_true", help="print a unified diff of the changes")
+    mg.add_argument("--json", action="store_true")
+    mg.set_defaults(func=_cmd_migrate)
 
     # `serve` hands its arguments to vLLM unparsed (see main): listed here for --help only.
     sv = sub.add_parser(

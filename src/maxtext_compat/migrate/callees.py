@@ -1,0 +1,60 @@
+"""Which callables are MaxText's Attention, decoder layers, Decoder and Transformer: from compat_matrix.yaml.
+
+Why from the matrix: it already lists every release's classes (under `MaxText` and `maxtext`); a second
+list here would drift. A class's Linen factory (`attention_as_linen` next to `Attention`, `mla_as_linen`
+next to `MLA`) builds the same kind of layer, so it is recognised by that naming rule.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["attention", "decoder_layer", "decoder", "transformer"]
+
+# matrix `classes` keys -> the kind of call site they make
+CLASS_KEYS: dict[str, Kind] = {
+    "attention": "attention",
+    "mla": "attention",
+    "decoder": "decoder",
+    "nnx_decoder": "decoder",
+    "transformer": "transformer",
+    "transformer_linen": "transformer",
+}
+
+
+@dataclass(frozen=True)
+class Callees:
+    """Dotted names (module.Class or module.factory) -> kind."""
+
+    kinds: dict[str, Kind]
+
+    def kind_of(self, qualified: str) -> Kind | None:
+        return self.kinds.get(qualified)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def from_matrix(matrix: Any = None) -> Callees:
+    from maxtext_compat.matrix import load_matrix
+
+    m = matrix if matrix is not None else load_matrix()
+    kinds: dict[str, Kind] = {}
+
+    def add(ref: Any, kind: Kind) -> None:
+        module, qualname = ref.module, ref.qualname
+        kinds[f"{module}.{qualname}"] = kind
+        if "." not in qualname:
+            kinds[f"{module}.{_snake(qualname)}_as_linen"] = kind
+
+    for row in m.maxtext:
+        for key, kind in CLASS_KEYS.items():
+            ref = row.classes.get(key)
+            if ref is not None:
+                add(ref, kind)
+        for ref in row.decoder_layers.values():
+            add(ref, "decoder_layer")
+    return Callees(kinds)

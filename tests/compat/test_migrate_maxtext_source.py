@@ -1,0 +1,80 @@
+"""`maxtext-compat migrate` on code no one here wrote: MaxText 0.1.0's installed source (before PR #2616).
+
+A copy of the installed `MaxText` package is migrated with `--to kv_return`: the call sites found are the
+ones MaxText itself rewrote when it adopted the convention (every decoder layer's `attention_layer(...)`
+call, MLA's in deepseek.py, Gemma 3's vision encoder attention, the Transformer's `self.decoder(...)`),
+a second run changes nothing, and the migrated package still imports (in a fresh interpreter, from the
+copy). Counts measured on 0.1.0: 213 files, 16 sites, all rewritten, none manual.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.1.0", "maxtext-0.1.0-jax011")]
+
+pytest.importorskip("libcst")
+
+from maxtext_compat.migrate import files  # noqa: E402
+from maxtext_compat.testing import tiny  # noqa: E402
+
+# Written out from MaxText 0.1.0's source (file: lines of the call sites), not from the codemod's output.
+EXPECTED = {
+    "layers/decoders.py": 1, "layers/deepseek.py": 1, "layers/gemma.py": 1, "layers/gemma2.py": 2,
+    "layers/gemma3.py": 2, "layers/gpt_oss.py": 1, "layers/llama2.py": 1, "layers/llama4.py": 2,
+    "layers/mistral.py": 1, "layers/mixtral.py": 1, "layers/models.py": 2, "layers/qwen3.py": 1,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory):
+    from maxtext_compat.probes import package_dir
+
+    source = package_dir(tiny.installed_row().import_root)
+    copy = tmp_path_factory.mktemp("mt") / "MaxText"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    reports = files.run([copy], "kv_return", write=True)
+    return copy, reports
+
+
+def test_the_call_sites_maxtext_itself_rewrote_are_found_and_rewritten(migrated):
+    copy, reports = migrated
+    assert not [r.path for r in reports if r.skipped]
+    found: dict[str, int] = {}
+    for r in reports:
+        for s in r.sites:
+            assert s.change == "rewritten", (r.path, s)
+            key = str(r.path.relative_to(copy))
+            found[key] = found.get(key, 0) + 1
+    assert found == EXPECTED
+
+
+def test_a_second_run_changes_nothing(migrated):
+    copy, _ = migrated
+    again = files.run([copy], "kv_return", write=False)
+    assert not any(r.changed for r in again)
+    assert sum(len(r.sites) for r in again) == sum(EXPECTED.values())  # all seen again, all "unchanged"
+
+
+def test_the_migrated_package_imports_from_the_copy(migrated):
+    copy, _ = migrated
+    code = (
+        f"import sys; sys.path.insert(0, {str(copy.parent)!r}); sys.argv = ['x']\n"
+        "import MaxText.layers.models, MaxText.layers.llama2, MaxText.layers.deepseek\n"
+        f"assert MaxText.__file__.startswith({str(copy)!r}), MaxText.__file__\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    assert "attention_lnx, _ = attention_layer(" in (copy / "layers" / "llama2.py").read_text()
+    assert "logits, hidden_state, _ = self.decoder(" in (copy / "layers" / "models.py").read_text()
+
+
+def test_path_inputs_that_do_not_exist_are_reported(tmp_path):
+    reports = files.run([tmp_path / "missing.py"], "kv_return", write=False)
+    assert reports[0].skipped and "unreadable" in reports[0].skipped
+    assert files.exit_code(reports, check=True) == 2

@@ -1,0 +1,323 @@
+"""`maxtext-compat migrate`: every recognised pattern on small fixtures written for these tests.
+
+The expected rewrites are written out by hand below (what MaxText PR #2616 did to its own call sites), not
+produced by the code under test. The class lists come from the shipped compat_matrix.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+libcst = pytest.importorskip("libcst")
+
+from maxtext_compat.cli import main  # noqa: E402
+from maxtext_compat.migrate import files  # noqa: E402
+from maxtext_compat.migrate.callees import from_matrix  # noqa: E402
+from maxtext_compat.migrate.codemod import migrate_source  # noqa: E402
+
+CALLEES = from_matrix()
+
+
+def _migrate(code: str, target: str = "kv_return"):
+    return migrate_source(textwrap.dedent(code), CALLEES, target)
+
+
+def _changes(result):
+    return [(s.line, s.kind, s.change) for s in result.sites]
+
+
+def test_the_matrix_supplies_classes_and_their_linen_factories_under_both_package_names():
+    kinds = CALLEES.kinds
+    assert kinds["MaxText.layers.attentions.Attention"] == "attention"
+    assert kinds["maxtext.layers.attentions.Attention"] == "attention"
+    assert kinds["MaxText.layers.attentions.attention_as_linen"] == "attention"
+    assert kinds["MaxText.layers.attention_mla.mla_as_linen"] == "attention"
+    assert kinds["MaxText.layers.llama2.LlamaDecoderLayer"] == "decoder_layer"
+    assert kinds["maxtext.layers.nnx_decoders.NNXDecoder"] == "decoder"
+    assert kinds["MaxText.layers.models.transformer_as_linen"] == "transformer"
+
+
+def test_nnx_attention_assigned_in_init_under_an_alias():
+    result = _migrate(
+        """\
+        from MaxText.layers.attentions import Attention as Attn
+
+
+        class Block:
+            def __init__(self, cfg):
+                self.self_attention = Attn(config=cfg)  # built once
+
+            def __call__(self, x, pos):
+                # a comment the rewrite keeps
+                x = self.self_attention(x, x, pos, model_mode="train")
+                return x
+        """
+    )
+    assert '        x, _ = self.self_attention(x, x, pos, model_mode="train")\n' in result.code
+    assert "# a comment the rewrite keeps" in result.code and "# built once" in result.code
+    assert _changes(result) == [(10, "attention", "rewritten")]
+
+
+def test_a_decoder_layer_that_takes_the_kv_arguments_threads_them():
+    result = _migrate(
+        """\
+        import maxtext.layers.attentions as att
+
+
+        class Layer:
+            def setup(self):
+                self.attn = att.Attention(config=None)
+
+            def __call__(self, x, pos, kv_cache=None, attention_metadata=None):
+                y = self.attn(x, x, pos)
+                return y, kv_cache
+        """
+    )
+    assert (
+        "        y, kv_cache = self.attn(x, x, pos, kv_cache=kv_cache, attention_metadata=attention_metadata)\n"
+        in result.code
+    )
+
+
+def test_linen_factory_called_in_compact_style_and_tolinen_wrapper():
+    result = _migrate(
+        """\
+        from MaxText.layers import attentions
+        from MaxText.layers import nnx_wrappers
+        from MaxText.layers.attentions import Attention
+
+
+        def block(cfg, x, pos):
+            layer = attentions.attention_as_linen(config=cfg, name="self_attention")
+            out = layer(x, x, pos)
+            wrapped = nnx_wrappers.ToLinen(Attention, kwargs={})
+            out2 = wrapped(x, x, pos)
+            return out + out2
+        """
+    )
+    assert "    out, _ = layer(x, x, pos)\n" in result.code
+    assert "    out2, _ = wrapped(x, x, pos)\n" in result.code
+
+
+def test_decoder_three_tuple_and_kv_caches_threaded():
+    result = _migrate(
+        """\
+        from maxtext.layers.decoders import Decoder
+
+
+        class Model:
+            def __init__(self, cfg):
+                self.decoder = Decoder(config=cfg)
+
+            def __call__(self, tokens, pos, kv_caches=None, attention_metadata=None):
+                logits, hidden = self.decoder(self.embed, tokens, pos)
+                return logits
+
+
+        def train_step(cfg, tokens, pos):
+            logits, hidden = Decoder(config=cfg)(None, tokens, pos)
+            return logits
+        """
+    )
+    assert (
+        "        logits, hidden, kv_caches = self.decoder(self.embed, tokens, pos, kv_caches=kv_caches, "
+        "attention_metadata=attention_metadata)\n" in result.code
+    )
+    assert "    logits, hidden, _ = Decoder(config=cfg)(None, tokens, pos)\n" in result.code
+
+
+def test_decoder_layers_called_in_a_loop():
+    result = _migrate(
+        """\
+        from MaxText.layers.llama2 import LlamaDecoderLayer
+
+
+        def decode(cfg, y, pos):
+            for i in range(cfg.num_layers):
+                y = LlamaDecoderLayer(config=cfg, name=f"layers_{i}")(y, None, pos, True, "train")
+            return y
+        """
+    )
+    want = '        y, _ = LlamaDecoderLayer(config=cfg, name=f"layers_{i}")(y, None, pos, True, "train")\n'
+    assert want in result.code
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("return self.attn(x, x, pos)", "returned directly"),
+        ("y = f(self.attn(x, x, pos))", "passed on as an argument"),
+        ("y = self.attn(x, x, pos) + x", "inside an expression"),
+        ("y = [*self.attn(x, x, pos)]", "starred"),
+        ("y = z = self.attn(x, x, pos)", "several targets"),
+        ("a, b, c = self.attn(x, x, pos)", "unpacks 3 values"),
+        ("*a, b = self.attn(x, x, pos)", "starred or nested"),
+    ],
+)
+def test_uses_it_cannot_rewrite_safely_are_listed_as_manual_never_guessed(line, reason):
+    code = f"""\
+        from MaxText.layers.attentions import Attention
+
+
+        class Block:
+            def __init__(self):
+                self.attn = Attention()
+
+            def __call__(self, x, pos):
+                {line}
+                return x
+        """
+    result = _migrate(code)
+    assert result.code == textwrap.dedent(code)  # untouched
+    manual = [s for s in result.sites if s.change == "manual"]
+    assert len(manual) == 1 and reason in manual[0].detail and manual[0].line == 9
+
+
+def test_several_attention_calls_in_a_function_that_takes_kv_cache_are_manual():
+    result = _migrate(
+        """\
+        from MaxText.layers.attentions import Attention
+
+
+        class Layer:
+            def __init__(self):
+                self.a = Attention()
+                self.b = Attention()
+
+            def __call__(self, x, kv_cache=None, attention_metadata=None):
+                x = self.a(x, x, None)
+                x = self.b(x, x, None)
+                return x
+        """
+    )
+    assert [s.change for s in result.sites] == ["manual", "manual"]
+    assert "several attention calls" in result.sites[0].detail
+
+
+def test_layers_under_nn_scan_are_manual_and_unrelated_calls_are_ignored():
+    result = _migrate(
+        """\
+        import flax.linen as nn
+        from MaxText.layers.llama2 import LlamaDecoderLayer
+        from mylib import Attention
+
+
+        def stack(cfg, y):
+            scanned = nn.scan(LlamaDecoderLayer, length=2)(config=cfg)
+            mine = Attention()
+            z = mine(y)
+            y = scanned(y)
+            return y
+        """
+    )
+    assert [(s.kind, s.change) for s in result.sites] == [("scanned", "manual")]
+
+
+def test_a_second_run_changes_nothing_and_legacy_reverses_it():
+    code = textwrap.dedent(
+        """\
+        from MaxText.layers.attentions import Attention
+        from MaxText.layers.decoders import Decoder
+
+
+        def run(x, pos, tokens):
+            out = Attention()(x, x, pos)
+            logits, hidden = Decoder()(None, tokens, pos)
+            return out, logits
+        """
+    )
+    new = migrate_source(code, CALLEES, "kv_return")
+    assert new.changed
+    assert migrate_source(new.code, CALLEES, "kv_return").code == new.code
+    back = migrate_source(new.code, CALLEES, "legacy")
+    assert back.code == code
+    assert migrate_source(back.code, CALLEES, "legacy").code == code
+
+
+def test_legacy_keeps_a_used_kv_cache_as_manual():
+    code = textwrap.dedent(
+        """\
+        from MaxText.layers.attentions import Attention
+
+
+        def layer(x, pos, kv_cache, attention_metadata):
+            y, kv_cache = Attention()(x, x, pos, kv_cache=kv_cache, attention_metadata=attention_metadata)
+            return y, kv_cache
+        """
+    )
+    result = migrate_source(code, CALLEES, "legacy")
+    assert result.code == code
+    assert [(s.change, s.detail) for s in result.sites] == [
+        ("manual", "the KV result is used (legacy code has no KV cache)")
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# The command: --check, --diff, --write, --json; files it cannot read
+# ----------------------------------------------------------------------------------------------
+
+OLD = "from MaxText.layers.attentions import Attention\n\n\ndef f(x):\n    y = Attention()(x, x, None)\n    return y\n"
+
+
+def test_check_lists_sites_and_exits_1_write_rewrites_and_a_second_check_exits_0(tmp_path, capsys):
+    src = tmp_path / "pkg" / "mod.py"
+    src.parent.mkdir()
+    src.write_text(OLD)
+    assert main(["migrate", str(tmp_path), "--check", "--diff"]) == 1
+    out = capsys.readouterr().out
+    assert f"{src}:5:5: MaxText.layers.attentions.Attention (attention): would rewrite: unpacks (…, _)" in out
+    assert "-    y = Attention()(x, x, None)\n+    y, _ = Attention()(x, x, None)" in out
+    assert src.read_text() == OLD  # --check never writes
+    assert main(["migrate", str(src), "--write"]) == 0
+    assert src.read_text() == OLD.replace("    y = Attention()", "    y, _ = Attention()")
+    capsys.readouterr()
+    assert main(["migrate", str(tmp_path), "--check"]) == 0
+    assert "0 to rewrite, 0 manual, 1 unchanged" in capsys.readouterr().out
+
+
+def test_json_output(tmp_path, capsys):
+    (tmp_path / "m.py").write_text(OLD)
+    assert main(["migrate", str(tmp_path), "--json"]) == 0
+    [report] = json.loads(capsys.readouterr().out)
+    assert report["changed"] is True and report["skipped"] is None
+    assert report["sites"] == [{"line": 5, "column": 5, "callee": "MaxText.layers.attentions.Attention",
+                                "kind": "attention", "change": "rewritten", "detail": "unpacks (…, _)"}]  # fmt: skip
+
+
+def test_unreadable_files_are_reported_skipped_and_the_exit_code_says_so(tmp_path, capsys):
+    (tmp_path / "latin1.py").write_bytes("s = 'caf\xe9'\n".encode("latin-1"))
+    (tmp_path / "blob.py").write_bytes(b"\x00\x01binary")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "good.py").write_text(OLD)
+    assert main(["migrate", str(tmp_path), "--write"]) == 2
+    out = capsys.readouterr().out
+    assert "latin1.py: skipped (not UTF-8" in out and "blob.py: skipped (binary file)" in out
+    assert "broken.py: skipped (does not parse: line 1" in out
+    assert (tmp_path / "good.py").read_text() != OLD  # the others are still migrated
+    assert (tmp_path / "broken.py").read_text() == "def f(:\n"
+
+
+def test_a_failed_write_leaves_the_file_whole(tmp_path, monkeypatch):
+    src = tmp_path / "m.py"
+    src.write_text(OLD)
+
+    def boom(a, b):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(files.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        files.write_atomically(src, "new text")
+    assert src.read_text() == OLD
+    assert [p.name for p in tmp_path.iterdir()] == ["m.py"]  # no temporary file left behind
+
+
+def test_pre_commit_hook_runs_check():
+    import yaml
+
+    hooks = yaml.safe_load((Path(__file__).resolve().parents[2] / ".pre-commit-hooks.yaml").read_text())
+    [hook] = hooks
+    assert hook["id"] == "maxtext-compat-migrate" and "--check" in hook["entry"]
