@@ -2,9 +2,10 @@
 
 A copy of the installed `MaxText` package is migrated with `--to kv_return`: the call sites found are the
 ones MaxText itself rewrote when it adopted the convention (every decoder layer's `attention_layer(...)`
-call, MLA's in deepseek.py, Gemma 3's vision encoder attention, the Transformer's `self.decoder(...)`),
-a second run changes nothing, and the migrated package still imports (in a fresh interpreter, from the
-copy). Counts measured on 0.1.0: 213 files, 16 sites, all rewritten, none manual.
+call, MLA's in deepseek.py, the Transformer's `self.decoder(...)`) plus Gemma 3's vision-encoder attention,
+which PR #2616 missed and MaxText later fixed by hand the same way (`y, _ = ...`); a second run changes nothing, and the migrated package still imports (in a fresh interpreter, from the
+copy). Counts on 0.1.0: 213 files; 16 call sites rewritten; of the matrix's 4 decoder-layer classes defined there, 2
+rewritten and 2 left manual (with the reason).
 """
 
 from __future__ import annotations
@@ -22,11 +23,18 @@ pytest.importorskip("libcst")
 from maxtext_compat.migrate import files  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
-# Written out from MaxText 0.1.0's source (file: lines of the call sites), not from the codemod's output.
-EXPECTED = {
+# Written out from MaxText 0.1.0's source (file: call sites), not from the codemod's output.
+CALLS = {
     "layers/decoders.py": 1, "layers/deepseek.py": 1, "layers/gemma.py": 1, "layers/gemma2.py": 2,
     "layers/gemma3.py": 2, "layers/gpt_oss.py": 1, "layers/llama2.py": 1, "layers/llama4.py": 2,
     "layers/mistral.py": 1, "layers/mixtral.py": 1, "layers/models.py": 2, "layers/qwen3.py": 1,
+}  # fmt: skip
+# The matrix's decoder-layer classes defined in it: rewritten as PR #2616 did (kv_cache=/attention_metadata=
+# taken, the attention call threads them, `return y` -> `return y, kv_cache`), or left to a human: the generic
+# DecoderLayer returns `(y, None if scan else y)`, Qwen3DecoderLayer calls its attention through a helper.
+LAYERS = {
+    "MaxText.layers.llama2.LlamaDecoderLayer": "rewritten", "MaxText.layers.gemma3.Gemma3DecoderLayer": "rewritten",
+    "MaxText.layers.decoders.DecoderLayer": "manual", "MaxText.layers.qwen3.Qwen3DecoderLayer": "manual",
 }  # fmt: skip
 
 
@@ -44,20 +52,31 @@ def migrated(tmp_path_factory):
 def test_the_call_sites_maxtext_itself_rewrote_are_found_and_rewritten(migrated):
     copy, reports = migrated
     assert not [r.path for r in reports if r.skipped]
-    found: dict[str, int] = {}
+    calls: dict[str, int] = {}
+    layers: dict[str, str] = {}
     for r in reports:
         for s in r.sites:
+            if s.kind == "decoder_layer":
+                layers[s.callee] = s.change
+                continue
             assert s.change == "rewritten", (r.path, s)
             key = str(r.path.relative_to(copy))
-            found[key] = found.get(key, 0) + 1
-    assert found == EXPECTED
+            calls[key] = calls.get(key, 0) + 1
+    assert calls == CALLS
+    assert layers == LAYERS
+    llama = (copy / "layers" / "llama2.py").read_text()
+    assert "      kv_cache=None,\n      attention_metadata=None,\n  ):" in llama
+    assert "attention_lnx, kv_cache = attention_layer(" in llama
+    assert "        kv_cache=kv_cache,\n        attention_metadata=attention_metadata,\n    )" in llama
+    assert "      return layer_output, None\n    else:\n      return layer_output, kv_cache" in llama
 
 
 def test_a_second_run_changes_nothing(migrated):
     copy, _ = migrated
     again = files.run([copy], "kv_return", write=False)
     assert not any(r.changed for r in again)
-    assert sum(len(r.sites) for r in again) == sum(EXPECTED.values())  # all seen again, all "unchanged"
+    changes = [s.change for r in again for s in r.sites]
+    assert changes.count("manual") == 2 and changes.count("rewritten") == 0
 
 
 def test_the_migrated_package_imports_from_the_copy(migrated):
@@ -70,7 +89,7 @@ def test_the_migrated_package_imports_from_the_copy(migrated):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
-    assert "attention_lnx, _ = attention_layer(" in (copy / "layers" / "llama2.py").read_text()
+    assert "attention_lnx, _ = attention_layer(" in (copy / "layers" / "mistral.py").read_text()
     assert "logits, hidden_state, _ = self.decoder(" in (copy / "layers" / "models.py").read_text()
 
 

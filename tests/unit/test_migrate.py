@@ -321,3 +321,105 @@ def test_pre_commit_hook_runs_check():
     hooks = yaml.safe_load((Path(__file__).resolve().parents[2] / ".pre-commit-hooks.yaml").read_text())
     [hook] = hooks
     assert hook["id"] == "maxtext-compat-migrate" and "--check" in hook["entry"]
+
+
+# ----------------------------------------------------------------------------------------------
+# A decoder layer the matrix lists, defined in the file being migrated (MaxText's own source, a fork)
+# ----------------------------------------------------------------------------------------------
+
+LAYER_010 = """\
+from MaxText.layers.attentions import attention_as_linen
+
+
+class LlamaDecoderLayer:
+  def __call__(
+      self,
+      inputs,
+      decoder_positions,
+      previous_chunk=None,
+  ):
+    attention_layer = attention_as_linen(config=self.config)
+    attention_lnx = attention_layer(
+        inputs,
+        inputs,
+        decoder_positions,
+        previous_chunk=previous_chunk,
+    )
+    if self.config.scan_layers:
+      return attention_lnx, None
+    else:
+      return attention_lnx
+"""
+
+# What MaxText PR #2616 made of it (written by hand from the PR's diff of llama2.py).
+LAYER_NEW = """\
+from MaxText.layers.attentions import attention_as_linen
+
+
+class LlamaDecoderLayer:
+  def __call__(
+      self,
+      inputs,
+      decoder_positions,
+      previous_chunk=None,
+      kv_cache=None,
+      attention_metadata=None,
+  ):
+    attention_layer = attention_as_linen(config=self.config)
+    attention_lnx, kv_cache = attention_layer(
+        inputs,
+        inputs,
+        decoder_positions,
+        previous_chunk=previous_chunk,
+        kv_cache=kv_cache,
+        attention_metadata=attention_metadata,
+    )
+    if self.config.scan_layers:
+      return attention_lnx, None
+    else:
+      return attention_lnx, kv_cache
+"""
+
+
+def test_a_listed_decoder_layer_defined_here_gets_the_new_signature_call_and_returns():
+    result = migrate_source(LAYER_010, CALLEES, "kv_return", "MaxText.layers.llama2")
+    assert result.code == LAYER_NEW
+    assert [(s.kind, s.change) for s in result.sites] == [("decoder_layer", "rewritten"), ("attention", "rewritten")]
+    assert migrate_source(LAYER_NEW, CALLEES, "kv_return", "MaxText.layers.llama2").code == LAYER_NEW
+    assert migrate_source(LAYER_NEW, CALLEES, "legacy", "MaxText.layers.llama2").code == LAYER_010
+    # the same class in a module the matrix does not name is a user's own class: only its call is migrated
+    other = migrate_source(LAYER_010, CALLEES, "kv_return", "mypkg.llama2")
+    assert "kv_cache=None" not in other.code and "attention_lnx, _ = attention_layer(" in other.code
+
+
+def test_a_layer_whose_return_cannot_take_the_cache_is_left_whole_and_manual():
+    code = LAYER_010.replace(
+        "    if self.config.scan_layers:\n      return attention_lnx, None\n    else:\n      return attention_lnx\n",
+        "    return attention_lnx, None if self.config.scan_layers else attention_lnx\n",
+    )
+    result = migrate_source(code, CALLEES, "kv_return", "MaxText.layers.llama2")
+    assert "kv_cache" not in result.code  # neither the signature nor the call got half a migration
+    layer = [s for s in result.sites if s.kind == "decoder_layer"]
+    assert [s.change for s in layer] == ["manual"] and "tuple other than the scanned" in layer[0].detail
+
+
+def test_a_single_line_signature_and_call_stay_on_one_line():
+    code = (
+        "from MaxText.layers.attentions import Attention\n\n\nclass LlamaDecoderLayer:\n"
+        "    def __call__(self, x, pos):\n        a = Attention()\n        y = a(x, x, pos)\n        return y\n"
+    )
+    result = migrate_source(code, CALLEES, "kv_return", "MaxText.layers.llama2")
+    assert "    def __call__(self, x, pos, kv_cache=None, attention_metadata=None):\n" in result.code
+    assert (
+        "        y, kv_cache = a(x, x, pos, kv_cache=kv_cache, attention_metadata=attention_metadata)\n" in result.code
+    )
+    assert "        return y, kv_cache\n" in result.code
+
+
+def test_module_names_come_from_the_package_layout(tmp_path):
+    (tmp_path / "MaxText" / "layers").mkdir(parents=True)
+    (tmp_path / "MaxText" / "__init__.py").write_text("")
+    (tmp_path / "MaxText" / "layers" / "__init__.py").write_text("")
+    assert files.module_name(tmp_path / "MaxText" / "layers" / "llama2.py") == "MaxText.layers.llama2"
+    assert files.module_name(tmp_path / "MaxText" / "layers" / "__init__.py") == "MaxText.layers"
+    assert files.module_name(tmp_path / "script.py") is None

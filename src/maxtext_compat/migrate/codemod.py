@@ -18,8 +18,9 @@ its sites are listed, never changed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
@@ -27,6 +28,8 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from maxtext_compat.migrate.callees import Callees, Kind
 
 Target = Literal["kv_return", "legacy"]
+KV_PARAMS = ("kv_cache", "attention_metadata")
+_TIGHT = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
 KV_ARG = {"attention": "kv_cache", "decoder_layer": "kv_cache", "decoder": "kv_caches"}
 ARITY = {"attention": 1, "decoder_layer": 1, "decoder": 2}  # values before the KV result in the new return
 SCAN_NAMES = ("flax.linen.scan", "flax.linen.transforms.scan", "flax.nnx.scan", "jax.lax.scan")
@@ -155,24 +158,164 @@ class _Counts(_Resolving, cst.CSTVisitor):
             per[found[1]] = per.get(found[1], 0) + 1
 
 
+class _Returns(cst.CSTVisitor):
+    """The return statements of one function body (not of functions or classes nested in it)."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.Return] = []
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.depth += 1
+        return self.depth == 1
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.depth -= 1
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.found.append(node)
+
+
+def _return_problem(node: cst.FunctionDef) -> str | None:
+    """Why a decoder layer's returns cannot all get the KV cache appended (None when they can)."""
+    collector = _Returns()
+    node.visit(collector)
+    for ret in collector.found:
+        value = ret.value
+        if value is None:
+            return "a bare `return`"
+        if isinstance(value, cst.Tuple):
+            second = value.elements[-1].value if len(value.elements) == 2 else None
+            if not (isinstance(second, cst.Name) and second.value == "None"):
+                return "it returns a tuple other than the scanned (y, None)"
+        elif isinstance(value, (cst.IfExp, cst.BooleanOperation)):
+            return "a conditional return"
+    return None
+
+
+def _without_items(items: list, drop: Callable[[Any], bool]) -> list:
+    """`items` minus the dropped ones, the last kept one taking the comma (and line layout) of the old last."""
+    kept = [i for i in items if not drop(i)]
+    if kept and len(kept) != len(items) and drop(items[-1]):
+        kept[-1] = kept[-1].with_changes(comma=items[-1].comma)
+    return kept
+
+
+def _append_items(items: list, extra: list, opening: cst.BaseParenthesizableWhitespace) -> list:
+    """`items + extra` in the layout of `items` (call arguments or parameters: each carries its comma).
+
+    One per line (the trailing comma kept) when they are, else `, `-separated. `opening` is the whitespace
+    after the opening parenthesis: it gives the indentation when there is a single item on its own line.
+    """
+    inline = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if not items:
+        return [*(e.with_changes(comma=inline) for e in extra[:-1]), extra[-1]]
+    last = items[-1]
+    closing = last.comma
+    if not (isinstance(closing, cst.Comma) and isinstance(closing.whitespace_after, cst.ParenthesizedWhitespace)):
+        head = [*items[:-1], last.with_changes(comma=inline)]
+        return [*head, *(e.with_changes(comma=inline) for e in extra[:-1]), extra[-1].with_changes(comma=closing)]
+    if len(items) > 1 and isinstance(items[-2].comma, cst.Comma):
+        between = items[-2].comma
+    else:
+        between = cst.Comma(whitespace_after=opening)
+    return [*items[:-1], last.with_changes(comma=between), *(e.with_changes(comma=between) for e in extra[:-1]),
+            extra[-1].with_changes(comma=closing)]  # fmt: skip
+
+
 class _Rewriter(_Resolving, cst.CSTTransformer):
     METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider, ParentNodeProvider)
 
-    def __init__(self, instances: _Instances, counts: _Counts, target: Target) -> None:
+    def __init__(self, instances: _Instances, counts: _Counts, target: Target, module: str | None) -> None:
         self.callees = instances.callees
         self.bound = instances.bound
         self.counts = counts.counts
         self.target = target
+        self.dotted_module = module  # the dotted name of the file being migrated, when it lies in a package
         self.sites: list[Site] = []
         self.params: list[tuple[int, set[str]]] = []  # (function id, parameter names) of the enclosing functions
+        self.classes: list[str] = []
+        self.layer_calls: list[str | None] = []  # per function: the decoder layer whose __call__ it is changing
 
     # -- functions: which KV names they take ------------------------------------------------------
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes.pop()
+        return updated
+
+    def _layer_class(self, node: cst.FunctionDef) -> str | None:
+        """`module.Class` when `node` is the __call__ of a decoder layer the matrix lists, defined in this file."""
+        if node.name.value != "__call__" or not self.classes or self.dotted_module is None:
+            return None
+        dotted = f"{self.dotted_module}.{'.'.join(self.classes)}"
+        return dotted if self.callees.kind_of(dotted) == "decoder_layer" else None
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         p = node.params
-        self.params.append((id(node), {x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)}))
+        names = {x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)}
+        layer = self._layer_class(node)
+        attention_calls = self.counts.get(id(node), {}).get("attention", 0)
+        if layer is not None and self.target == "kv_return" and "kv_cache" not in names:
+            problem = _return_problem(node)
+            if problem is not None:
+                self._site(node, layer, "decoder_layer", "manual", f"{problem}: give the layer kv_cache by hand")
+                layer = None
+            elif attention_calls == 1:
+                names |= {"kv_cache", "attention_metadata"}  # added below: the attention call threads them
+            else:
+                why = f"its __call__ makes {attention_calls} attention calls (a helper, or several): thread by hand"
+                self._site(node, layer, "decoder_layer", "manual", why)
+                layer = None
+        elif layer is not None and (self.target != "legacy" or "kv_cache" not in names):
+            layer = None  # already in the target convention
+        self.params.append((id(node), names))
+        self.layer_calls.append(layer)
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         self.params.pop()
+        layer = self.layer_calls.pop()
+        if layer is None:
+            return updated
+        if self.target == "kv_return":
+            params = updated.params
+            extra = [cst.Param(cst.Name(n), default=cst.Name("None"), equal=_TIGHT) for n in KV_PARAMS]
+            if isinstance(params.star_arg, (cst.Param, cst.ParamStar)):  # after *args or *: keyword-only
+                new_params = params.with_changes(kwonly_params=[*params.kwonly_params, *extra])
+            else:
+                appended = _append_items(list(params.params), extra, updated.whitespace_before_params)
+                new_params = params.with_changes(params=appended)
+            self._site(original, layer, "decoder_layer", "rewritten", "takes kv_cache=/attention_metadata= and "
+                       "returns (y, kv_cache)")  # fmt: skip
+            return updated.with_changes(params=new_params)
+        params = updated.params
+        kept = _without_items(list(params.params), lambda p: p.name.value in KV_PARAMS)
+        kwonly = _without_items(list(params.kwonly_params), lambda p: p.name.value in KV_PARAMS)
+        self._site(original, layer, "decoder_layer", "rewritten", "takes no KV arguments and returns y")
+        return updated.with_changes(params=params.with_changes(params=kept, kwonly_params=kwonly))
+
+    def leave_Return(self, original: cst.Return, updated: cst.Return) -> cst.Return:
+        layer = self.layer_calls[-1] if self.layer_calls else None
+        if layer is None or updated.value is None:
+            return updated
+        value = updated.value
+        if self.target == "kv_return":
+            if isinstance(value, cst.Tuple):
+                return updated  # (y, None): a scanned layer's return (checked by _return_problem), the same in both
+            pair = cst.Tuple([cst.Element(value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                              cst.Element(cst.Name("kv_cache"))], lpar=[], rpar=[])  # fmt: skip
+            return updated.with_changes(value=pair)
+        if isinstance(value, cst.Tuple) and len(value.elements) == 2:
+            second = value.elements[1].value
+            if isinstance(second, cst.Name) and second.value == "kv_cache":
+                return updated.with_changes(value=value.elements[0].value)
         return updated
 
     def _threads(self, kind: Kind) -> bool | None:
@@ -242,7 +385,8 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
             self._site(original, callee, kind, "manual", f"unpacks {len(names)} values")
             return updated
         last = names[-1]
-        if not (isinstance(last, cst.Name) and last.value == "_"):
+        stripping = bool(self.layer_calls and self.layer_calls[-1]) and KV_ARG[kind] == "kv_cache"
+        if not (isinstance(last, cst.Name) and (last.value == "_" or (stripping and last.value == "kv_cache"))):
             self._site(original, callee, kind, "manual", "the KV result is used (legacy code has no KV cache)")
             return updated
         keep = names[:-1]
@@ -266,25 +410,19 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
     def _with_kv_args(self, call: cst.BaseExpression, kind: Kind) -> cst.BaseExpression:
         assert isinstance(call, cst.Call)
         named = {a.keyword.value for a in call.args if a.keyword is not None}
-        tight = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
         extra = [
-            cst.Arg(cst.Name(name), keyword=cst.Name(name), equal=tight)
+            cst.Arg(cst.Name(name), keyword=cst.Name(name), equal=_TIGHT)
             for name in (KV_ARG[kind], "attention_metadata")
             if name not in named
         ]
         if not extra:
             return call
-        args = list(call.args)
-        if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
-            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return call.with_changes(args=[*args, *extra])
+        return call.with_changes(args=_append_items(list(call.args), extra, call.whitespace_before_args))
 
     def _without_kv_args(self, call: cst.BaseExpression, kind: Kind) -> cst.BaseExpression:
         assert isinstance(call, cst.Call)
-        drop = {KV_ARG[kind], "attention_metadata"}
-        args = [a for a in call.args if a.keyword is None or a.keyword.value not in drop]
-        if args and len(args) != len(call.args):
-            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        names = {KV_ARG[kind], "attention_metadata"}
+        args = _without_items(list(call.args), lambda a: a.keyword is not None and a.keyword.value in names)
         return call.with_changes(args=args)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -314,15 +452,18 @@ def _why_manual(parent: cst.CSTNode) -> str:
     return "the result is used inside an expression"
 
 
-def migrate_source(code: str, callees: Callees, target: Target) -> Result:
-    """Rewrite `code` (one module) to `target`; raises libcst.ParserSyntaxError on unparsable code."""
-    module = cst.parse_module(code)
-    wrapper = MetadataWrapper(module)
+def migrate_source(code: str, callees: Callees, target: Target, module: str | None = None) -> Result:
+    """Rewrite `code` (one module) to `target`; raises libcst.ParserSyntaxError on unparsable code.
+
+    module: the file's dotted name (`MaxText.layers.llama2`), so a decoder layer the matrix lists that is
+    *defined* here gets the new signature and returns too (migrating MaxText's own source or a fork).
+    """
+    wrapper = MetadataWrapper(cst.parse_module(code))
     instances = _Instances(callees)
     wrapper.visit(instances)
     counts = _Counts(instances)
     wrapper.visit(counts)
-    rewriter = _Rewriter(instances, counts, target)
+    rewriter = _Rewriter(instances, counts, target, module)
     new = wrapper.visit(rewriter)
     sites = sorted(rewriter.sites, key=lambda s: (s.line, s.column))
     return Result(new.code, sites)

@@ -70,6 +70,18 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def module_name(path: Path) -> str | None:
+    """The dotted name of a file inside a package (directories with __init__.py up from it), else None."""
+    parts = [path.stem] if path.name != "__init__.py" else []
+    parent = path.resolve().parent
+    if not (parent / "__init__.py").is_file():
+        return None
+    while (parent / "__init__.py").is_file():
+        parts.insert(0, parent.name)
+        parent = parent.parent
+    return ".".join(parts)
+
+
 def migrate_file(path: Path, callees: Callees, target: Target, *, write: bool) -> FileReport:
     import libcst
 
@@ -79,7 +91,7 @@ def migrate_file(path: Path, callees: Callees, target: Target, *, write: bool) -
         report.skipped = why
         return report
     try:
-        result: Result = migrate_source(code, callees, target)
+        result: Result = migrate_source(code, callees, target, module_name(path))
     except libcst.ParserSyntaxError as exc:
         report.skipped = f"does not parse: line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
         return report
