@@ -1,11 +1,12 @@
 """`maxtext-compat migrate` on code no one here wrote: MaxText 0.1.0's installed source (before PR #2616).
 
-A copy of the installed `MaxText` package is migrated with `--to kv_return`: the call sites found are the
+A copy of the installed `MaxText` package is migrated with `--to kv_return`. The call sites found are the
 ones MaxText itself rewrote when it adopted the convention (every decoder layer's `attention_layer(...)`
 call, MLA's in deepseek.py, the Transformer's `self.decoder(...)`) plus Gemma 3's vision-encoder attention,
-which PR #2616 missed and MaxText later fixed by hand the same way (`y, _ = ...`); a second run changes nothing, and the migrated package still imports (in a fresh interpreter, from the
-copy). Counts on 0.1.0: 213 files; 16 call sites rewritten; of the matrix's 4 decoder-layer classes defined there, 2
-rewritten and 2 left manual (with the reason).
+which PR #2616 missed and MaxText later fixed by hand the same way (`y, _ = ...`). A second run changes
+nothing, and the migrated package still imports (in a fresh interpreter, from the copy). Counts on 0.1.0:
+213 files; 16 call sites rewritten; of the matrix's 4 decoder-layer classes defined there, 2 rewritten and
+2 left manual (with the reason).
 """
 
 from __future__ import annotations
