@@ -33,6 +33,11 @@ class Callees:
     def kind_of(self, qualified: str) -> Kind | None:
         return self.kinds.get(qualified)
 
+    @property
+    def short_names(self) -> frozenset[str]:
+        """The last part of every name: a file that contains none of them cannot name a MaxText layer."""
+        return frozenset(name.rsplit(".", 1)[-1] for name in self.kinds)
+
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()

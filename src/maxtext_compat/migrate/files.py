@@ -6,6 +6,7 @@ a file that is not UTF-8, is binary or does not parse is reported and skipped, a
 
 from __future__ import annotations
 
+import ast
 import difflib
 import json
 import os
@@ -89,6 +90,12 @@ def migrate_file(path: Path, callees: Callees, target: Target, *, write: bool) -
     code, why = _read(path)
     if code is None:
         report.skipped = why
+        return report
+    if not any(name in code for name in callees.short_names):  # no MaxText layer named: no site (most files)
+        try:
+            ast.parse(code, str(path))  # still say when it does not parse (fast; libcst is not needed)
+        except SyntaxError as exc:
+            report.skipped = f"does not parse: line {exc.lineno}, column {exc.offset}: {exc.msg}"
         return report
     try:
         result: Result = migrate_source(code, callees, target, module_name(path))
