@@ -123,11 +123,6 @@ def check_config(row: MaxTextRow, tpu_inference: Version | None, config: Any) ->
         raise refusal(row, defect, tpu_inference, config)
 
 
-def refusals_possible(row: MaxTextRow, tpu_inference: Version | None) -> list[KnownDefect]:
-    """Refused defects whose version condition holds (a config may still avoid them)."""
-    return [d for d in row.known_defects if d.remedy == "refuse" and version_status(d, tpu_inference)[0] != "no"]
-
-
 def describe(statuses_: list[DefectStatus]) -> list[str]:
     """Doctor's lines: one per defect of the installed row."""
     lines = []
