@@ -182,14 +182,18 @@ class _WrittenFor:
 
         self.env = WRITTEN_FOR[FOREIGN_ERA]
         self.outs, runs = {}, []
+        self.process = None
         for variant in VARIANTS:
-            weights, out = work / f"{variant}.weights.npz", work / f"{variant}.out.npz"
+            weights = work / f"{variant}.weights.npz"
             _save_weights(variant, weights)
-            self.outs[variant] = out
-            runs.append({"variant": variant, "weights": str(weights), "out": str(out)})
+            self.outs[variant] = _PartnerCache.path(self.env, variant, weights) or work / f"{variant}.out.npz"
+            if not self.outs[variant].is_file():
+                runs.append({"variant": variant, "weights": str(weights), "out": str(self.outs[variant])})
+        self.log = work / "log.txt"
+        if not runs:  # every answer already computed by this partner for these exact weights
+            return
         request = work / "request.json"
         request.write_text(json.dumps({"era": FOREIGN_ERA, "runs": runs}))
-        self.log = work / "log.txt"
         with open(self.log, "w") as f:
             self.process = subprocess.Popen(
                 [str(env_python(self.env)), str(Path(__file__).with_name("era_partner.py")), str(request)],
@@ -208,16 +212,50 @@ class _WrittenFor:
     def result(self, variant):
         import subprocess
 
-        try:
-            code = self.process.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait()
+        code = 0
+        if self.process is not None:
+            try:
+                code = self.process.wait(timeout=900)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                code = self.process.wait()
         if code != 0 or not self.outs[variant].is_file():
             tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
             pytest.fail(f"the {FOREIGN_ERA}-era body did not run natively in {self.env} (exit {code}):\n{tail}")
         with np.load(self.outs[variant]) as npz:
             return {k: npz[k] for k in npz.files}
+
+
+class _PartnerCache:
+    """Where a partner's answer for one variant lives between environments of one matrix run.
+
+    The 0.2.x environments build identical Attention weights (same init, same jax), so the partner would
+    compute the same numbers five times: its answer is stored under a key of everything that decides it —
+    the partner environment's spec, this file and era_partner.py (the bodies), the variant, the weights'
+    bytes and our own source — beside the JAX compilation cache, and only when the matrix runner set one up."""
+
+    @staticmethod
+    def path(env, variant, weights):
+        import hashlib
+        import os
+        from pathlib import Path
+
+        from maxtext_compat.envs import env_path
+
+        root = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        spec = env_path(env) / "maxtext-compat-env.json"  # its spec hash and versions, written when it was built
+        if not root or not spec.is_file():
+            return None
+        h = hashlib.sha256()
+        here = Path(__file__)
+        ours = sorted(Path(shims.__file__).parent.parent.rglob("*.py"))  # the partner loads weights with our code
+        for part in (env.encode(), variant.encode(), spec.read_bytes(), here.read_bytes(),
+                     here.with_name("era_partner.py").read_bytes(), weights.read_bytes(),
+                     *(f.read_bytes() for f in ours)):  # fmt: skip
+            h.update(hashlib.sha256(part).digest())
+        folder = Path(root).parent.parent / "era-partner"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"{h.hexdigest()}.npz"
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +271,7 @@ def written_for(tmp_path_factory):
         pytest.skip(reason)
     runs = _WrittenFor(tmp_path_factory.mktemp("written_for"))
     yield runs
-    if runs.process.poll() is None:
+    if runs.process is not None and runs.process.poll() is None:
         runs.process.kill()
         runs.process.wait()
 
