@@ -303,6 +303,30 @@ def _compiled(fn: Callable[..., Any], row: TpuInferenceRow, mesh: Mesh, static: 
         return compiled
 
 
+REPLICATED_HEADS_MIN_JAX = "0.11"  # measured: jax 0.9.2 fails, 0.11.2 and 0.12.0.1 work; 0.10 not run
+
+
+def _check_replicated_heads(layout: Any, tp: int) -> None:
+    """Typed refusal where jax cannot express the kernel's output sharding for replicated KV heads.
+
+    With tensor parallelism above the KV head count the compiler shards the output over part of the
+    'model' axis and replicates it over the rest; jax 0.9 cannot turn that back into a sharding of the
+    mesh and raises IndivisibleError from inside the call."""
+    import jax
+    from packaging.version import Version
+
+    if Version(jax.__version__) >= Version(REPLICATED_HEADS_MIN_JAX):
+        return
+    raise KernelUnavailableError(
+        "KV heads replicated over the 'model' axis (tensor parallelism above the KV head count) are not "
+        f"supported on jax {jax.__version__}: its sharding conversion fails on the kernel's output",
+        argument="mesh",
+        expected=f"a 'model' axis of at most {layout.num_kv_heads} (the KV heads) on jax < {REPLICATED_HEADS_MIN_JAX}",
+        found=f"'model' axis {tp} over {layout.num_kv_heads} KV heads (each held {layout.replication} times)",
+        fix=f"use tensor parallelism <= {layout.num_kv_heads}, or jax >= 0.11.2",
+    )
+
+
 def ragged_paged_attention(
     q: Any,
     k: Any,
@@ -357,6 +381,8 @@ def ragged_paged_attention(
     )  # fmt: skip
     if source is not None:
         source.check_cache(layout.num_pages, layout.page_size)
+    if layout.replication > 1:
+        _check_replicated_heads(layout, tp)
     _check_kernel_features(layout.kernel, attention_sink, update_kv_cache, use_causal_mask, label)
     static = (float(sm_scale), sliding_window, soft_cap, bool(update_kv_cache), bool(use_causal_mask), label)
     # Plan once outside the trace so an unsupported feature fails before anything is traced.

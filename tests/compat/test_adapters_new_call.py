@@ -24,7 +24,7 @@ from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
 NATIVE = ROW.has_kv_params
-KERNEL_ENVS = ("maxtext-0.2.5", "maxtext-0.1.0-jax011")
+KERNEL_ENVS = ("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")
 PAGES, PAGE, TOKENS = 8, 16, 40
 
 
@@ -333,14 +333,9 @@ def test_strict_mode_catches_a_cache_returned_unchanged_in_each_family(vllm_mode
     model = wrap(tiny.tiny_transformer(cfg, mesh, model_mode="autoregressive" if NATIVE else None))
     step = Step(cfg, cfg.num_decoder_layers)
     if NATIVE:
-        attention_cls = ROW.classes["attention"].load()
-        original = attention_cls.forward_serve_vllm
+        from helpers.serve_faults import replace_returned_cache
 
-        def skip_write(self, query, key, value, rpa_kv_cache=None, rpa_metadata=None):
-            out, _ = original(self, query, key, value, rpa_kv_cache=rpa_kv_cache, rpa_metadata=rpa_metadata)
-            return out, rpa_kv_cache
-
-        mocker.patch.object(attention_cls, "forward_serve_vllm", skip_write)
+        replace_returned_cache(ROW.classes["attention"].load(), mocker, lambda given: given)
     else:
         from maxtext_compat.backport import attention as backport_attention
 

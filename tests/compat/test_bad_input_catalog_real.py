@@ -19,7 +19,7 @@ import pytest
 
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, KernelUnavailableError
 
-pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")
+pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")
 
 
 def _load_unit_catalog() -> Any:
@@ -263,14 +263,9 @@ def _new_call_step(cfg: Any) -> tuple[Any, ...]:
 def _drop_every_cache(row: Any, mocker: Any) -> None:
     """Fault injection: each attention layer computes its output but hands back no KV cache."""
     if row.has_kv_params:  # MaxText's own vLLM path (0.2.x)
-        attention_cls = row.classes["attention"].load()
-        original = attention_cls.forward_serve_vllm
+        from helpers.serve_faults import replace_returned_cache
 
-        def drop(self, query, key, value, rpa_kv_cache=None, rpa_metadata=None):
-            out, _ = original(self, query, key, value, rpa_kv_cache=rpa_kv_cache, rpa_metadata=rpa_metadata)
-            return out, None
-
-        mocker.patch.object(attention_cls, "forward_serve_vllm", drop)
+        replace_returned_cache(row.classes["attention"].load(), mocker, lambda given: None)
         return
     from maxtext_compat.backport import attention as backport_attention
 

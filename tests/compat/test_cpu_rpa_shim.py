@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")
+pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -30,7 +30,7 @@ def leave_installed():
 
 
 def _targets():
-    from jax._src import config, tpu_info
+    from jax._src import config
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
     from tpu_inference.kernels.ragged_paged_attention.v3 import kernel, kernel_hd64
 
@@ -38,7 +38,7 @@ def _targets():
         "get": ipc.get,
         "store": ipc.store,
         "swap": ipc.swap,
-        "tpu_info": tpu_info.registry.get("cpu"),
+        "tpu_info": cpu_rpa.tpu_info_module().registry.get("cpu"),
         "block_sizes": kernel.get_default_block_sizes,
         "hd64_block_sizes": kernel_hd64.get_tuned_block_sizes,
         "interpret": config.pallas_tpu_interpret_mode_context_manager.get_global(),
@@ -56,7 +56,7 @@ def test_install_is_idempotent_and_recorded():
     assert first.tpu_inference_version is not None
     recorded = {p.target for p in _ours()}
     assert set(first.patches) == recorded
-    assert {f"{views.TARGET_MODULE}:get", cpu_rpa.TPU_INFO_TARGET, cpu_rpa.INTERPRET_TARGET} <= recorded
+    assert {f"{views.TARGET_MODULE}:get", cpu_rpa.tpu_info_target(), cpu_rpa.INTERPRET_TARGET} <= recorded
     assert f"{cpu_rpa.KERNEL_MODULE}:get_default_block_sizes" in recorded
     assert all(p.origin.startswith("maxtext_compat.shims.") for p in _ours())
     assert views.applied()
@@ -165,7 +165,8 @@ def test_cpu_block_sizes_satisfy_the_kernel(page_size, tokens, pages_per_seq):
 
 
 def test_env_block_sizes_route(monkeypatch):
-    """Rows with only `block_sizes: [env]`: RPA_V3_*_BLOCK_SIZES, which tpu-inference >= 0.30 forwards."""
+    """Rows with only `block_sizes: [env]`: RPA_V3_*_BLOCK_SIZES, which tpu-inference >= 0.30 forwards. Before
+    0.30 nothing reads them: the shim sizes blocks through the function even when they are set."""
     import os
 
     import numpy as np
@@ -175,9 +176,15 @@ def test_env_block_sizes_route(monkeypatch):
     for var in cpu_rpa.ENV_VARS:
         monkeypatch.delenv(var, raising=False)
     cpu_rpa.uninstall()
-    monkeypatch.setattr(cpu_rpa, "_block_size_methods", lambda force: ("0.32.0", ("env",)))
-    st = cpu_rpa.install()
-    assert st.block_sizes == "env" and os.environ["RPA_V3_MIXED_BLOCK_SIZES"] == cpu_rpa.ENV_BLOCK_SIZES["MIXED"]
+    if not _kernel_reads_block_size_env():  # tpu-inference < 0.30: the variables would be ignored
+        for var in cpu_rpa.ENV_VARS:
+            monkeypatch.setenv(var, "not,sizes")  # ignored by the kernel, so they must not steer the shim either
+        st = cpu_rpa.install()
+        assert st.block_sizes == "function" and f"{cpu_rpa.KERNEL_MODULE}:get_default_block_sizes" in st.patches
+    else:
+        monkeypatch.setattr(cpu_rpa, "_block_size_methods", lambda force: ("0.32.0", ("env",)))
+        st = cpu_rpa.install()
+        assert st.block_sizes == "env" and os.environ["RPA_V3_MIXED_BLOCK_SIZES"] == cpu_rpa.ENV_BLOCK_SIZES["MIXED"]
     layout = paged.KVCacheLayout(8, 16, 1, 128, "float32")
     step = make_ragged_step(layout, [(6, 20), (1, 9)], num_q_heads=2, max_num_tokens=8, seed=4)
     mesh = paged.make_mesh(1)
@@ -189,7 +196,17 @@ def test_env_block_sizes_route(monkeypatch):
     assert np.abs(np.asarray(out[:n]) - ref.out).max() <= 1e-5
     np.testing.assert_array_equal(np.asarray(cache), ref.kv_cache)
     cpu_rpa.uninstall()
-    assert not any(os.environ.get(v) for v in cpu_rpa.ENV_VARS)
+    if st.block_sizes == "env":
+        assert not any(os.environ.get(v) for v in cpu_rpa.ENV_VARS)
+
+
+def _kernel_reads_block_size_env():
+    """Whether the installed tpu-inference's own source reads RPA_V3_*_BLOCK_SIZES (it does from 0.30)."""
+    import importlib.util
+    from pathlib import Path
+
+    package = Path(importlib.util.find_spec("tpu_inference").origin).parent
+    return any("RPA_V3_" in f.read_text(errors="replace") for f in package.rglob("*.py"))
 
 
 def test_interpret_mode_is_global_and_forced():

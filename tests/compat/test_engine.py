@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.envs("maxtext-0.1.0-jax011", "maxtext-0.2.5")
+pytestmark = pytest.mark.envs("maxtext-0.1.0-jax011", "maxtext-0.2.1", "maxtext-0.2.5")
 NO_KERNEL_TOO = pytest.mark.envs("maxtext-0.1.0", "maxtext-0.1.0-jax011", "maxtext-0.2.5")  # fails before the kernel
 
 jax = pytest.importorskip("jax")

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")]
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")
+pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.needs_maxtext
 pytest_plugins = ["pytester"]
 
 ENV = os.environ.get("MAXTEXT_COMPAT_ENV", "")
-KERNEL_ENVS = ("maxtext-0.2.5", "maxtext-0.1.0-jax011")
+KERNEL_ENVS = ("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")
 PAGED = {"family": "default", "paged": True}
 PAD = {"max_num_tokens": 40, "max_num_seqs": 4, "pages_per_seq": 2}  # one compiled shape for every step
 ROOT = Path(__file__).resolve().parents[2]

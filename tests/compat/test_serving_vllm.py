@@ -1,14 +1,15 @@
-"""End to end: a real `vllm serve` (vllm-tpu + tpu-inference 0.32.0, JAX_PLATFORMS=cpu) serving MaxText.
+"""End to end: a real `vllm serve` (vllm-tpu + tpu-inference, JAX_PLATFORMS=cpu) serving MaxText.
 
 Each class starts one server (class-scoped fixture, started through `maxtext-compat serve --tiny`
 so the CLI is exercised too), sends a few bounded requests and always stops the process group.
 Tokens are compared with MaxText's own greedy decode of the same checkpoint without vLLM (train
 mode, dot-product attention, no KV cache), computed in this process.
 
-Server starts are the cost (55-90 s each on the shared 2-core box): TP=1 and TP=2 in every serving
-env, MaxText's own adapter (0.2.5 and 0.2.4, which ship one), and one without the RPA CPU shim
-(0.2.5 only: the shim is release-independent). 0.2.2 and 0.2.3 install the same stack and could be
-added to SERVING_ENVS; they are left out to keep `make test` short.
+Server starts are the cost (55-90 s each on the shared 2-core box): TP=1 with the real RPA kernel in every
+serving env (0.2.5, 0.2.4 natively, 0.1.0 through the backport); TP=2 on 0.2.5 and the backport; MaxText's
+own adapter (0.2.5 and 0.2.4, which ship one); one without the RPA CPU shim (0.2.5 only: the shim is
+release-independent). 0.2.2 and 0.2.3 install the same stack and could be added; they are left out to keep
+`make test` short.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ class TestCompatModelTP1:
         assert "RPA kernel on CPU: pallas" in log
 
 
+@pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")
 class TestCompatModelTP2:
     """Same model over 2 virtual CPU devices: KV heads padded 1 -> 2, cache sharded on 'model'."""
 

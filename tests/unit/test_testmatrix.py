@@ -106,9 +106,10 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     real = load_matrix(REPO / "compat_matrix.yaml")
     ranges = testmatrix.mocked_tpu_inference_rows(real)
-    # The envs pin tpu-inference==0.32.0: every range but the one holding it is mocked only.
-    assert len(ranges) == len(real.tpu_inference) - 1
-    assert ">=0.11.1,<0.12.0" in ranges and not any("0.33.0" in r for r in ranges)
+    # The envs pin tpu-inference 0.32.0 and 0.19.0: every range but the two holding them is mocked only.
+    assert len(ranges) == len(real.tpu_inference) - 2
+    assert ">=0.11.1,<0.12.0" in ranges and ">=0.18.0,<0.20.0" not in ranges
+    assert not any("0.33.0" in r for r in ranges)
     testmatrix.write_reports([], real, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["tpu_inference"] for r in data["mocked_tpu_inference_rows"]] == ranges

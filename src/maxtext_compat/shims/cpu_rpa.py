@@ -37,7 +37,6 @@ from maxtext_compat.shims.registry import ActivePatch, forget, record
 PROFILE = "cpu-rpa"
 KERNEL_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel"
 HD64_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel_hd64"
-TPU_INFO_TARGET = "jax._src.tpu_info:registry['cpu']"
 INTERPRET_TARGET = "jax.config:pallas_tpu_interpret_mode_context_manager (global)"
 ENV_VARS = ("RPA_V3_DECODE_BLOCK_SIZES", "RPA_V3_PREFILL_BLOCK_SIZES", "RPA_V3_MIXED_BLOCK_SIZES")
 # The env route fixes one size for every shape: bkv = 64 tokens fits page sizes that divide 64.
@@ -335,7 +334,7 @@ def _apply_views() -> None:
         _remember(targets, views.restore, "pallas_interpret_views.apply")
 
 
-def _tpu_info_module() -> Any:
+def tpu_info_module() -> Any:
     """jax's TPU hardware table: jax._src.tpu_info (jax >= 0.10), jax._src.pallas.mosaic.tpu_info before."""
     try:
         return importlib.import_module("jax._src.tpu_info")
@@ -344,7 +343,7 @@ def _tpu_info_module() -> Any:
 
 
 def _apply_tpu_info() -> None:
-    tpu_info = _tpu_info_module()
+    tpu_info = tpu_info_module()
 
     before = tpu_info.registry.get("cpu", _MISSING)
     if before is not _MISSING:
@@ -363,7 +362,12 @@ def _apply_tpu_info() -> None:
         if callable(clear):
             clear()
 
-    _remember((f"{tpu_info.__name__}:registry['cpu']",), undo, "cpu_rpa._apply_tpu_info")
+    _remember((tpu_info_target(),), undo, "cpu_rpa._apply_tpu_info")
+
+
+def tpu_info_target() -> str:
+    """The ledger name of the 'cpu' entry this shim adds to jax's TPU hardware table."""
+    return f"{tpu_info_module().__name__}:registry['cpu']"
 
 
 def _patch_attr(module_name: str, attr: str, replacement: Any) -> bool:
