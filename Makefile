@@ -47,7 +47,7 @@ demo: envs
 	  echo; MAXTEXT_COMPAT_ENV=$$env .envs/$$env/bin/maxtext-compat demo || exit $$?; done
 
 test: envs lint
-	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 2
+	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3
 
 # Real-model serving tests marked `extended` (deselected in make test): ~15 min on the 2-core machine.
 test-extended: envs

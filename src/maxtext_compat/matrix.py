@@ -253,6 +253,7 @@ class TpuInferenceRow:
     model_return_arity: int
     block_sizes: tuple[str, ...]
     notes: str = ""
+    not_real: str = ""  # why no test environment installs a release of this range (one line), if none does
 
     def contains(self, version: str | Version) -> bool:
         return self.versions.contains(str(version), prereleases=True)
@@ -297,9 +298,10 @@ class EnvironmentSpec:
     exclude_newer: str | None
     env: Mapping[str, str]
     serving: bool
+    tests: tuple[str, ...] = ()  # test files this environment runs (empty: the whole suite)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        return ({"tests": list(self.tests)} if self.tests else {}) | {
             "name": self.name,
             "description": self.description,
             "python": self.python,
@@ -815,7 +817,7 @@ def _parse_condition(n: Node | None) -> DefectCondition:
 
 
 def _parse_tpi(n: Node) -> TpuInferenceRow:
-    n.only_keys({"versions", "releases", "rpa", "metadata", "model_return_arity", "block_sizes", "notes"})
+    n.only_keys({"versions", "releases", "rpa", "metadata", "model_return_arity", "block_sizes", "notes", "not_real"})
     versions = n.child("versions").parsed(SpecifierSet, "a version specifier")
     _interval(versions, n.child("versions"))  # plain bounds, not empty
     rpa = n.child("rpa")
@@ -868,6 +870,7 @@ def _parse_tpi(n: Node) -> TpuInferenceRow:
         model_return_arity=arity,
         block_sizes=block_sizes,
         notes=n.child("notes").string() if n.optional("notes") else "",
+        not_real=n.child("not_real").nonempty_string() if n.optional("not_real") else "",
     )
 
 
@@ -923,7 +926,7 @@ def _parse_cpu_shim(n: Node) -> CpuShimSpec:
 def _parse_env(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> EnvironmentSpec:
     n.only_keys({
         "description", "python", "maxtext", "like", "requirements", "extra_requirements", "no_deps", "overrides",
-        "exclude_newer", "env", "serving",
+        "exclude_newer", "env", "serving", "tests",
     })  # fmt: skip
     if not valid_env_name(name):
         raise MatrixError(
@@ -964,7 +967,25 @@ def _parse_env(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> En
         else (base.exclude_newer if base else None),
         env=env_node.string_map() if env_node is not None else (dict(base.env) if base else {}),
         serving=n.child("serving").boolean() if n.optional("serving") else (base.serving if base else False),
+        tests=_test_files(n) if n.optional("tests") is not None else (base.tests if base else ()),
     )
+
+
+def _test_files(n: Node) -> tuple[str, ...]:
+    """`tests:`: test files of this repository, as paths relative to its root (tests/...py)."""
+    node = n.child("tests")
+    files = node.string_list()
+    for f in files:
+        parts = f.split("/")
+        if parts[0] != "tests" or not f.endswith(".py") or ".." in parts or "" in parts:
+            raise node.error(
+                f"is not a test file of this repository: {f!r}",
+                expected="paths like tests/compat/test_paged_rpa.py (relative, under tests/, no '..')",
+                fix="list the test files the environment runs, or drop `tests:` to run the whole suite",
+            )
+    if not files:
+        raise node.error("is empty", expected="at least one test file", fix="drop `tests:` to run the whole suite")
+    return files
 
 
 def valid_env_name(name: object) -> bool:

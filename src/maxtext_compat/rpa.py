@@ -303,27 +303,30 @@ def _compiled(fn: Callable[..., Any], row: TpuInferenceRow, mesh: Mesh, static: 
         return compiled
 
 
-REPLICATED_HEADS_MIN_JAX = "0.11"  # measured: jax 0.9.2 fails, 0.11.2 and 0.12.0.1 work; 0.10 not run
+def _check_replicated_heads(layout: Any, tp: int, *, interpret: bool) -> None:
+    """Typed refusal where jax cannot run the kernel with KV heads replicated over the 'model' axis.
 
-
-def _check_replicated_heads(layout: Any, tp: int) -> None:
-    """Typed refusal where jax cannot express the kernel's output sharding for replicated KV heads.
-
-    With tensor parallelism above the KV head count the compiler shards the output over part of the
-    'model' axis and replicates it over the rest; jax 0.9 cannot turn that back into a sharding of the
-    mesh and raises IndivisibleError from inside the call."""
+    Tensor parallelism above the KV head count holds each head several times. Measured: on jax 0.9.2 the
+    compiler's output sharding cannot be turned back into one of the mesh (IndivisibleError from inside the
+    call); on 0.10.0, 0.10.2 and 0.11.0 the Pallas TPU interpreter (CPU) deadlocks in the kernel; 0.11.2 and
+    0.12.0.1 run it. A refusal instead of a hang."""
     import jax
     from packaging.version import Version
 
-    if Version(jax.__version__) >= Version(REPLICATED_HEADS_MIN_JAX):
+    version = Version(jax.__version__)
+    if version < Version("0.10"):
+        why, fix_jax = "its sharding conversion fails on the kernel's output (IndivisibleError)", "0.11.2"
+    elif interpret and version < Version("0.11.2"):
+        why, fix_jax = "the Pallas TPU interpreter deadlocks in the kernel", "0.11.2"
+    else:
         return
     raise KernelUnavailableError(
-        "KV heads replicated over the 'model' axis (tensor parallelism above the KV head count) are not "
-        f"supported on jax {jax.__version__}: its sharding conversion fails on the kernel's output",
+        "KV heads replicated over the 'model' axis (tensor parallelism above the KV head count) cannot run on "
+        f"jax {jax.__version__}{' in interpret mode' if interpret else ''}: {why}",
         argument="mesh",
-        expected=f"a 'model' axis of at most {layout.num_kv_heads} (the KV heads) on jax < {REPLICATED_HEADS_MIN_JAX}",
+        expected=f"a 'model' axis of at most {layout.num_kv_heads} (the KV heads) with this jax",
         found=f"'model' axis {tp} over {layout.num_kv_heads} KV heads (each held {layout.replication} times)",
-        fix=f"use tensor parallelism <= {layout.num_kv_heads}, or jax >= 0.11.2",
+        fix=f"use tensor parallelism <= {layout.num_kv_heads}, or jax >= {fix_jax}",
     )
 
 
@@ -381,8 +384,6 @@ def ragged_paged_attention(
     )  # fmt: skip
     if source is not None:
         source.check_cache(layout.num_pages, layout.page_size)
-    if layout.replication > 1:
-        _check_replicated_heads(layout, tp)
     _check_kernel_features(layout.kernel, attention_sink, update_kv_cache, use_causal_mask, label)
     static = (float(sm_scale), sliding_window, soft_cap, bool(update_kv_cache), bool(use_causal_mask), label)
     # Plan once outside the trace so an unsupported feature fails before anything is traced.
@@ -392,6 +393,8 @@ def ragged_paged_attention(
     }  # fmt: skip
     check_features(row, features, label=label)
     cpu = cpu_rpa.on_cpu(mesh.devices.flat)
+    if layout.replication > 1:
+        _check_replicated_heads(layout, tp, interpret=cpu)
     if cpu and not cpu_rpa.installed():
         raise KernelUnavailableError(
             "the RPA kernel needs the CPU shim on a CPU backend (Pallas TPU interpret mode + interpreter patch)",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from maxtext_compat import envs
+from maxtext_compat.envmemory import MEMORY_FILE, Admission, PeakSampler, memory_budget_gb, record_peaks, recorded_peaks
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import CompatMatrix, load_matrix
 
@@ -34,6 +36,8 @@ ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
 DURATIONS_FILE = "tests/env_durations.json"
 # A persistent XLA compilation cache outside the tree (beside uv's cache): a warm rerun skips compiles.
 COMPILE_CACHE_VAR = "MAXTEXT_COMPAT_COMPILE_CACHE"
+TIMEOUT_VAR = "MAXTEXT_COMPAT_ENV_TIMEOUT"
+TIMEOUT_FACTOR, MIN_TIMEOUT_S, DEFAULT_TIMEOUT_S = 3.0, 1200.0, 3600.0
 
 
 @dataclass
@@ -46,8 +50,9 @@ class EnvResult:
     errors: int = 0
     skipped: int = 0
     duration_s: float = 0.0
-    status: str = "ok"  # ok | failed | build-failed | no-tests
+    status: str = "ok"  # ok | failed | build-failed | no-tests | timeout
     detail: str = ""
+    peak_memory_gb: float = 0.0  # summed resident memory of the run's process tree at its highest
 
     @property
     def ok(self) -> bool:
@@ -124,14 +129,34 @@ def run_env(
     env[ENV_NAME_VAR] = name
     env.pop("VIRTUAL_ENV", None)
     env.update(compile_cache_env(name))
-    cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
+    # An environment that lists its test files runs only those (a kernel-only one has no MaxText to test).
+    cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args, *spec.tests]
     log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
+    limit = env_timeout(name)
     with output.open("w", encoding="utf-8") if output else contextlib.nullcontext() as fh:
-        proc = subprocess.run(
-            cmd, cwd=envs.project_root(), env=env, check=False, stdout=fh, stderr=subprocess.STDOUT if fh else None
-        )
+        # Its own process group: a hung run is stopped with everything it started (vllm servers, partners).
+        proc = subprocess.Popen(
+            cmd, cwd=envs.project_root(), env=env, stdout=fh, stderr=subprocess.STDOUT if fh else None,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            with PeakSampler(proc.pid) as sampler:
+                try:
+                    proc.wait(timeout=limit)
+                finally:
+                    res.peak_memory_gb = round(sampler.peak_gb, 1)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            res.duration_s = round(time.monotonic() - t0, 1)
+            res.status, res.errors = "timeout", 1
+            res.detail = f"pytest ran past {limit:.0f} s and was stopped with every process it started ({TIMEOUT_VAR})"
+            log(f"[matrix] {name}: TIMEOUT after {limit:.0f} s")
+            return res
+        except BaseException:
+            _kill_group(proc)
+            raise
     res.duration_s = round(time.monotonic() - t0, 1)
     if not junit.exists():
         res.status, res.detail = "failed", f"pytest exited with {proc.returncode} and wrote no report"
@@ -144,6 +169,35 @@ def run_env(
     elif res.passed == 0:
         res.status, res.detail = "no-tests", "no test ran in this environment"
     return res
+
+
+def env_timeout(name: str) -> float:
+    """Seconds an environment's pytest may run: MAXTEXT_COMPAT_ENV_TIMEOUT, else 3x its recorded time (at least
+    20 min; an hour when none is recorded). A hang (an interpreter deadlock, a server that never answers) ends
+    as a failed environment instead of stalling the whole run."""
+    raw = os.environ.get(TIMEOUT_VAR, "")
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise InvalidArgumentError(
+                f"{TIMEOUT_VAR} is not a number of seconds",
+                argument=TIMEOUT_VAR,
+                expected="a positive number of seconds",
+                found=repr(raw),
+                fix=f"set {TIMEOUT_VAR}=3600, or unset it for 3x each environment's recorded time",
+            )
+        return value
+    recorded = expected_durations().get(name)
+    return max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * recorded) if recorded else DEFAULT_TIMEOUT_S
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def compile_cache_env(name: str) -> dict[str, str]:
@@ -170,11 +224,14 @@ def expected_durations(path: Path | None = None) -> dict[str, float]:
 
 
 def record_durations(results: Sequence[EnvResult], path: Path | None = None) -> Path:
-    """Write the seconds of this run's environments into the durations file (others are kept)."""
+    """Write the seconds of this run's environments into the durations file, and their peak memory into
+    tests/env_memory.json beside it (others are kept)."""
     p = path if path is not None else envs.project_root() / DURATIONS_FILE
     data = expected_durations(p)
-    data.update({r.name: round(r.duration_s) for r in results if r.status == "ok"})
+    ok = [r for r in results if r.status == "ok"]
+    data.update({r.name: round(r.duration_s) for r in ok})
     p.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+    record_peaks({r.name: r.peak_memory_gb for r in ok if r.peak_memory_gb > 0}, p.with_name(Path(MEMORY_FILE).name))
     return p
 
 
@@ -256,8 +313,15 @@ def _run_parallel(
         return res
 
     order = schedule(selected, expected_durations())
+    peaks = recorded_peaks(envs.project_root() / MEMORY_FILE)
+    gate = Admission(order, peaks, jobs, memory_budget_gb())
+    futures = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = dict(zip(order, pool.map(one, order), strict=True))
+        while (name := gate.next()) is not None:  # waits until the next one's recorded peak fits
+            future = pool.submit(one, name)
+            future.add_done_callback(lambda _f, n=name: gate.finished(n))
+            futures[name] = future
+        done = {n: f.result() for n, f in futures.items()}
     return [done[n] for n in selected]
 
 
@@ -291,6 +355,12 @@ def mocked_tpu_inference_rows(m: CompatMatrix) -> list[str]:
     return [r.label for r in m.tpu_inference if not any(r.contains(v) for v in pins)]
 
 
+def why_not_real(m: CompatMatrix, label: str) -> str:
+    """The row's own one-line reason no environment installs it (`not_real:` in the matrix)."""
+    row = next(r for r in m.tpu_inference if r.label == label)
+    return row.not_real or "no reason given (add `not_real:` to the row)"
+
+
 def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) -> None:
     data = {
         "envs": [
@@ -305,6 +375,7 @@ def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) 
                     "failed",
                     "skipped",
                     "duration_s",
+                    "peak_memory_gb",
                     "errors",
                     "status",
                     "detail",
@@ -315,7 +386,8 @@ def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) 
         ],
         "mocked_rows": [{"maxtext": name, "covered_by": MOCKED_MAXTEXT} for name in mocked_rows(m)],
         "mocked_tpu_inference_rows": [
-            {"tpu_inference": rng, "covered_by": MOCKED_TPU_INFERENCE} for rng in mocked_tpu_inference_rows(m)
+            {"tpu_inference": rng, "covered_by": MOCKED_TPU_INFERENCE, "why": why_not_real(m, rng)}
+            for rng in mocked_tpu_inference_rows(m)
         ],
     }
     (out_dir / "compat-report.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
@@ -323,12 +395,14 @@ def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) 
 
 
 def render_table(results: Sequence[EnvResult]) -> str:
-    head = f"{'environment':<22} {'maxtext':<8} {'passed':>7} {'failed':>7} {'skipped':>8} {'time':>8}  status"
+    head = (
+        f"{'environment':<22} {'maxtext':<8} {'passed':>7} {'failed':>7} {'skipped':>8} {'time':>8} {'peak':>8}  status"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.name:<22} {r.maxtext or '-':<8} {r.passed:>7} {r.failed + r.errors:>7} {r.skipped:>8} "
-            f"{r.duration_s:>7.0f}s  {r.status}"
+            f"{r.duration_s:>7.0f}s {r.peak_memory_gb:>6.1f}GB  {r.status}"
         )
     return "\n".join(lines)
 
@@ -337,20 +411,20 @@ def render_markdown(results: Sequence[EnvResult], m: CompatMatrix) -> str:
     lines = [
         "# Compat test matrix report",
         "",
-        "| environment | maxtext | versions | passed | failed | skipped | time (s) | status |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "| environment | maxtext | versions | passed | failed | skipped | time (s) | peak memory (GB) | status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         vers = ", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())) or "-"
         lines.append(
             f"| {r.name} | {r.maxtext or '-'} | {vers} | {r.passed} | {r.failed + r.errors} | {r.skipped} | "
-            f"{r.duration_s:.0f} | {r.status} |"
+            f"{r.duration_s:.0f} | {r.peak_memory_gb:.1f} | {r.status} |"
         )
     lines += ["", "## Rows covered only by mocked versions", ""]
     for name in mocked_rows(m):
         lines.append(f"- MaxText {name}: {MOCKED_MAXTEXT}")
     for rng in mocked_tpu_inference_rows(m):
-        lines.append(f"- tpu-inference {rng}: {MOCKED_TPU_INFERENCE}")
+        lines.append(f"- tpu-inference {rng}: {MOCKED_TPU_INFERENCE}; not installed here: {why_not_real(m, rng)}")
     return "\n".join(lines) + "\n"
 
 

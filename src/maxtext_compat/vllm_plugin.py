@@ -118,9 +118,11 @@ def _register() -> PluginState:
     from maxtext_compat.shims import cpu_serving
 
     shim = cpu_serving.install()
+    off = [p for p in shim.skipped if p not in shim.not_needed]
     shim_text = (
         f"installed ({', '.join(shim.parts)}"
-        + (f"; switched off: {', '.join(shim.skipped)}" if shim.skipped else "")
+        + (f"; switched off: {', '.join(off)}" if off else "")
+        + (f"; not needed here: {', '.join(shim.not_needed)}" if shim.not_needed else "")
         + f") [{len(shim.patches)} patches]"
         if shim.active
         else shim.reason

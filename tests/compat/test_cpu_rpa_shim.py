@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")
+pytestmark = pytest.mark.envs(
+    "maxtext-0.2.5",
+    "maxtext-0.2.1",
+    "maxtext-0.1.0-jax011",
+    "tpu-inference-0.22.1",
+    "tpu-inference-0.26.0",
+    "tpu-inference-0.27.0",
+)
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -201,12 +208,13 @@ def test_env_block_sizes_route(monkeypatch):
 
 
 def _kernel_reads_block_size_env():
-    """Whether the installed tpu-inference's own source reads RPA_V3_*_BLOCK_SIZES (it does from 0.30)."""
-    import importlib.util
-    from pathlib import Path
+    """Whether the installed tpu-inference's entry point (attention_interface, which MaxText and the dispatcher
+    call) reads RPA_V3_*_BLOCK_SIZES: from 0.30 on. 0.26-0.29 read them only in their own JAX models."""
+    import inspect
 
-    package = Path(importlib.util.find_spec("tpu_inference").origin).parent
-    return any("RPA_V3_" in f.read_text(errors="replace") for f in package.rglob("*.py"))
+    from tpu_inference.layers.common import attention_interface
+
+    return "RPA_V3_" in inspect.getsource(attention_interface)
 
 
 def test_interpret_mode_is_global_and_forced():

@@ -188,3 +188,26 @@ def test_dense_greedy_is_deterministic_and_checks_its_arguments(light_model):
         dense_greedy(model, [[5, 6, 7]], 3, seq_len=4)
     with pytest.raises(InvalidArgumentError, match="differ in prompts"):
         compare(a, dense_greedy(model, [[5, 6]], 3))
+
+
+def test_a_compile_inside_a_callback_is_not_the_step_recompiling():
+    """Found on jax 0.9.2: the Pallas interpreter compiles helpers inside its callbacks the first time the
+    process meets a shape, and counting every compile event in the process reported a cached step as
+    compiled (2 compiles where the bucket gives 1, depending on which test ran first)."""
+    import jax
+    import jax.numpy as jnp
+
+    from maxtext_compat.engine.timing import compile_events, timed_call
+
+    fresh = iter(range(1, 100))
+
+    def helper(x):  # a new shape each call: a new compile each call, inside the callback
+        return np.asarray(jax.jit(lambda y: y * 2)(jnp.ones(next(fresh))).sum() * 0 + x, np.float32)
+
+    step = jax.jit(lambda x: jax.pure_callback(helper, jax.ShapeDtypeStruct((), jnp.float32), x) + 1)
+    x = jnp.float32(1.0)
+    _, _, first = timed_call(step, x)
+    before = compile_events()
+    out, _, again = timed_call(step, x)
+    assert compile_events() > before  # the callback did compile something
+    assert first > 0 and again == 0.0 and float(out) == 2.0

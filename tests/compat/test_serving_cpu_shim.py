@@ -147,3 +147,43 @@ def test_host_copy_part_gives_the_device_a_private_copy(tpi, shim) -> None:
     assert shim.DEVICE_PUT in {p.target for p in active_patches() if p.profile == shim.PROFILE}
     shim.uninstall()
     assert (common.general_device_put, utils.general_device_put) == before
+
+
+@pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.1")
+def test_hbm_usage_counts_live_arrays_against_the_cpu_limit() -> None:
+    """F6: CPU devices report no memory stats; tpu-inference 0.19 subscripts them at start-up (TypeError),
+    0.32 falls back to live arrays itself. Under the shim both count live buffers against the F2 limit."""
+    import jax
+    import jax.numpy as jnp
+
+    from maxtext_compat.shims import cpu_serving
+
+    utils = importlib.import_module("tpu_inference.utils")
+    device = jax.devices()[0]
+    assert device.memory_stats() is None  # what makes F6 a gap on CPU
+    if not _falls_back_by_itself(utils):
+        with pytest.raises(TypeError, match="not subscriptable"):
+            utils.hbm_usage_bytes([device])
+    assert not cpu_serving.installed(), "another test left the CPU serving shim installed"
+    try:
+        assert cpu_serving.install(parts=("hbm",)).active
+        ((before, limit),) = utils.hbm_usage_bytes([device])
+        held = jax.device_put(jnp.zeros((1 << 18,), jnp.float32), device)  # 1 MiB
+        ((after, _),) = utils.hbm_usage_bytes([device])
+        assert limit == cpu_serving.cpu_hbm_bytes() and after - before >= held.nbytes == 1 << 20
+    finally:
+        cpu_serving.uninstall()
+    assert "tpu_inference.utils:hbm_usage_bytes" not in _ours_now()
+
+
+def _falls_back_by_itself(utils) -> bool:
+    import inspect
+
+    return "live_arrays" in inspect.getsource(utils.hbm_usage_bytes)
+
+
+def _ours_now() -> set[str]:
+    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat.shims.registry import active_patches
+
+    return {p.target for p in active_patches() if p.profile == cpu_serving.PROFILE}

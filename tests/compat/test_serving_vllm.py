@@ -6,10 +6,12 @@ Tokens are compared with MaxText's own greedy decode of the same checkpoint with
 mode, dot-product attention, no KV cache), computed in this process.
 
 Server starts are the cost (55-90 s each on the shared 2-core box): TP=1 with the real RPA kernel in every
-serving env (0.2.5, 0.2.4 natively, 0.1.0 through the backport); TP=2 on 0.2.5 and the backport; MaxText's
-own adapter (0.2.5 and 0.2.4, which ship one); one without the RPA CPU shim (0.2.5 only: the shim is
-release-independent). 0.2.2 and 0.2.3 install the same stack and could be added; they are left out to keep
-`make test` short.
+serving env (0.2.5, 0.2.4 natively on tpu-inference 0.32.0 and 0.1.0 through the backport, against a
+checkpoint; 0.2.1 and 0.2.0 natively on 0.19.0 — the flat RPA entry point and 3-value model return — on
+random weights, as their serving path restores no checkpoint); TP=2 on 0.2.5 and the backport; MaxText's own
+adapter (0.2.5 and 0.2.4, which ship one); one without the RPA CPU shim (0.2.5 only: the shim is
+release-independent). 0.2.2 and 0.2.3 install the same stack and could be added; they are left out
+to keep `make test` short.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import pytest
 
 from maxtext_compat.serving.server import Server
 
-# 0.2.5 and 0.2.4 natively (0.2.4: the last release that ships the Linen decoder), 0.1.0 through the backport.
-SERVING_ENVS = ("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.1.0-jax011")
+# 0.2.5 and 0.2.4 natively (0.2.4: the last release that ships the Linen decoder), 0.2.1 and 0.2.0 on
+# tpu-inference 0.19.0, 0.1.0 through the backport.
+SERVING_ENVS = ("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.2.1", "maxtext-0.2.0", "maxtext-0.1.0-jax011")
 pytestmark = [pytest.mark.envs(*SERVING_ENVS), pytest.mark.needs_maxtext, pytest.mark.slow]
 
 PROMPTS: tuple[list[int], ...] = ([1, 5, 7, 9, 11, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
@@ -161,6 +164,12 @@ def maxtext_adapter_tp1(workdir: Path, checkpoint: str) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="class")
+def random_weights_tp1(workdir: Path) -> Iterator[Server]:
+    # MaxText 0.2.0/0.2.1 cannot restore a checkpoint in their serving path (a typed refusal): random weights.
+    yield from _serve(workdir, "random_weights_tp1", None, tp=1, env={"MAXTEXT_COMPAT_RPA_KERNEL": "pallas"})
+
+
+@pytest.fixture(scope="class")
 def no_rpa_shim(workdir: Path) -> Iterator[Server]:
     # Random weights (--load-format dummy): this server also proves the dummy-weights start-up path.
     yield from _serve(workdir, "no_rpa_shim", None, tp=1, env={"MAXTEXT_COMPAT_DISABLE_CPU_SHIM": "rpa"})
@@ -169,6 +178,7 @@ def no_rpa_shim(workdir: Path) -> Iterator[Server]:
 # ------------------------------------------------------------------------------------- tests
 
 
+@pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.1.0-jax011")
 class TestCompatModelTP1:
     """maxtext-compat's MaxTextForCausalLM, engine core in its own process (vLLM's default)."""
 
@@ -188,6 +198,32 @@ class TestCompatModelTP1:
         assert "registered maxtext_compat's MaxTextForCausalLM" in engine_lines[-1]
         assert "CPU serving shim: installed (mesh, hbm, compiler_options, rpa, host_copy) [" in engine_lines[-1]
         assert "RPA kernel on CPU: pallas" in log
+
+
+@pytest.mark.envs("maxtext-0.2.1", "maxtext-0.2.0")
+class TestKvReturnReleaseTP1:
+    """MaxText 0.2.1 and 0.2.0 served natively on tpu-inference 0.19.0 (flat RPA entry point, 3-value model
+    return), with the real kernel interpreted. Their serving path cannot restore a checkpoint, so the weights
+    are random and there is no dense reference: the oracle is that batching changes nothing (two prompts
+    decoded together, sharing the paged cache, give each prompt's tokens decoded alone) and that decoding is
+    repeatable."""
+
+    def test_each_prompt_alone_twice_then_both_together_give_the_same_tokens(self, random_weights_tp1: Server) -> None:
+        srv = _ready(random_weights_tp1)
+        alone = [_request(srv, p) for p in PROMPTS]
+        assert all(len(ids) == MAX_TOKENS for ids in alone), alone
+        assert len({tuple(ids) for ids in alone}) > 1, "random weights gave one answer to every prompt"
+        assert [_request(srv, p) for p in PROMPTS] == alone
+        assert _concurrent(srv) == alone
+
+    def test_the_log_names_the_plugin_the_kernel_and_random_weights(self, random_weights_tp1: Server) -> None:
+        log = _ready(random_weights_tp1).log_text()
+        assert "weights: random (--load-format dummy)" in log
+        engine_lines = [ln for ln in log.splitlines() if "EngineCore" in ln and "maxtext_compat plugin" in ln]
+        assert engine_lines and "registered maxtext_compat's MaxTextForCausalLM" in engine_lines[-1]
+        assert "RPA kernel on CPU: pallas" in log
+        # tpu-inference 0.19 has no compiler options module: that part is reported as not needed, not as off
+        assert "CPU serving shim: installed (mesh, hbm, rpa, host_copy; not needed here: compiler_options)" in log
 
 
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,44 @@ def test_counts_come_from_the_real_run_and_skips_are_not_passes(matrix, tmp_path
     assert env["name"] == "tiny" and env["duration_s"] > 0
 
 
+def test_a_hung_environment_is_stopped_with_everything_it_started(matrix, tmp_path, monkeypatch):
+    suite = tmp_path / "hang"
+    suite.mkdir()
+    pid_file = tmp_path / "child.pid"
+    (suite / "test_hang.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_hangs():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "    time.sleep(600)\n"
+    )
+    monkeypatch.setenv(testmatrix.TIMEOUT_VAR, "20")
+    t0 = time.monotonic()
+    (r,) = testmatrix.run_matrix(
+        ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite)], log=lambda _: None
+    )
+    assert r.status == "timeout" and not r.ok and testmatrix.TIMEOUT_VAR in r.detail
+    assert time.monotonic() - t0 < 120
+    child = int(pid_file.read_text())
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "nan"])
+def test_a_timeout_that_is_not_seconds_is_refused(monkeypatch, value):
+    monkeypatch.setenv(testmatrix.TIMEOUT_VAR, value)
+    with pytest.raises(InvalidArgumentError, match=testmatrix.TIMEOUT_VAR) as e:
+        testmatrix.env_timeout("maxtext-0.2.5")
+    assert repr(value) in str(e.value)
+
+
+def test_the_timeout_follows_the_recorded_time(monkeypatch):
+    monkeypatch.delenv(testmatrix.TIMEOUT_VAR, raising=False)
+    recorded = testmatrix.expected_durations()
+    assert testmatrix.env_timeout("maxtext-0.2.5") == max(1200.0, 3 * recorded["maxtext-0.2.5"])
+    assert testmatrix.env_timeout("not-recorded") == 3600.0
+
+
 def test_an_environment_that_runs_no_test_fails(matrix, tmp_path):
     suite = tmp_path / "empty"
     suite.mkdir()
@@ -106,14 +146,64 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     real = load_matrix(REPO / "compat_matrix.yaml")
     ranges = testmatrix.mocked_tpu_inference_rows(real)
-    # The envs pin tpu-inference 0.32.0 and 0.19.0: every range but the two holding them is mocked only.
-    assert len(ranges) == len(real.tpu_inference) - 2
-    assert ">=0.11.1,<0.12.0" in ranges and ">=0.18.0,<0.20.0" not in ranges
+    # The envs pin tpu-inference 0.32.0, 0.27.0, 0.26.0, 0.22.1 and 0.19.0: every range but the five holding
+    # them is mocked only.
+    real_ranges = {">=0.31.0,<0.33.0", ">=0.27.0,<0.29.0", ">=0.26.0,<0.27.0", ">=0.22.0,<0.25.0", ">=0.18.0,<0.20.0"}
+    assert real_ranges <= {r.label for r in real.tpu_inference} and not real_ranges & set(ranges)
+    assert len(ranges) == len(real.tpu_inference) - len(real_ranges)
+    assert ">=0.11.1,<0.12.0" in ranges
     assert not any("0.33.0" in r for r in ranges)
     testmatrix.write_reports([], real, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["tpu_inference"] for r in data["mocked_tpu_inference_rows"]] == ranges
     assert "- tpu-inference >=0.11.1,<0.12.0: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
+    assert all(r["why"] and "no reason given" not in r["why"] for r in data["mocked_tpu_inference_rows"])
+
+
+def test_every_range_no_environment_installs_says_why_and_no_real_range_does():
+    """`not_real:` is the report's one line per mocked range: missing there, or stale on a range an
+    environment now installs, is a wrong fact."""
+    real = load_matrix(REPO / "compat_matrix.yaml")
+    mocked = set(testmatrix.mocked_tpu_inference_rows(real))
+    for row in real.tpu_inference:
+        assert bool(row.not_real) == (row.label in mocked), (row.label, row.not_real)
+
+
+def test_not_real_must_be_a_nonempty_string(tmp_path):
+    from maxtext_compat.errors import MatrixError
+
+    text = (REPO / "compat_matrix.yaml").read_text()
+    bad = re.sub(r"    not_real: the old v3 kernel API[^\n]*", "    not_real: ''", text, count=1)
+    assert bad != text
+    (tmp_path / "m.yaml").write_text(bad)
+    with pytest.raises(MatrixError, match="not_real"):
+        load_matrix(tmp_path / "m.yaml")
+
+
+@pytest.mark.parametrize(
+    "tests", ["[../outside.py]", "[/abs/tests/x.py]", "[tests/notes.txt]", "[tests/../x.py]", "[]", "tests/x.py"]
+)
+def test_an_environments_test_files_are_test_files_of_this_repository(tmp_path, tests):
+    from maxtext_compat.errors import MatrixError
+
+    text = (REPO / "compat_matrix.yaml").read_text()
+    bad = text.replace("    tests: &kernel_tests [tests/compat/test_paged_rpa.py, tests/compat/test_cpu_rpa_shim.py]",
+                       f"    tests: {tests}", 1)  # fmt: skip
+    bad = bad.replace("    tests: *kernel_tests", "    tests: [tests/compat/test_paged_rpa.py]")
+    assert bad != text
+    (tmp_path / "m.yaml").write_text(bad)
+    with pytest.raises(MatrixError, match="tests") as e:
+        load_matrix(tmp_path / "m.yaml")
+    assert "Fix:" in str(e.value)
+
+
+def test_an_environment_that_lists_test_files_runs_only_those():
+    real = load_matrix(REPO / "compat_matrix.yaml")
+    spec = real.environment("tpu-inference-0.22.1")
+    assert spec.maxtext is None
+    assert spec.tests == ("tests/compat/test_paged_rpa.py", "tests/compat/test_cpu_rpa_shim.py")
+    assert spec.as_dict()["tests"] == list(spec.tests)
+    assert "tests" not in real.environment("maxtext-0.2.5").as_dict()  # the whole suite; its spec hash unchanged
 
 
 def test_schedule_starts_the_longest_recorded_environment_first():

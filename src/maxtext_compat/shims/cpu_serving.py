@@ -8,11 +8,14 @@ Why: tpu-inference's runner assumes TPU devices. Measured on tpu-inference 0.32.
      and by default the kernel's exact semantics as one XLA program (`rpa_xla`, ~500x faster than
      interpret mode) in its place: `MAXTEXT_COMPAT_RPA_KERNEL=pallas` runs the real kernel instead;
   F4 `get_step_fn_compiler_options` / `get_sampling_compiler_options` hand XLA:CPU TPU-only options
-     ('No such compile option') -> no options on CPU;
+     ('No such compile option') -> no options on CPU (tpu-inference 0.19 has no such module and passes
+     no options: the part is logged as not needed);
   F5 (silent) PJRT CPU puts a numpy array on the device without copying it, and the runner refills
      its numpy input buffers for the next step while a step may still read them: token positions
      arrived one step ahead (RoPE off by one, text drifting from the reference, found serving
-     SmolLM2) -> `general_device_put` gets a private copy of every numpy input.
+     SmolLM2) -> `general_device_put` gets a private copy of every numpy input;
+  F6 tpu-inference < 0.32 reads `device.memory_stats()["bytes_in_use"]`, which is None on CPU
+     (0.32 falls back to live arrays itself) -> live-array bytes against the F2 limit.
 
 Rules: acts only when jax is configured for the CPU platform alone (JAX_PLATFORMS=cpu); that is
 decided from the configuration, without initialising a backend, so an API-server process on a TPU
@@ -81,6 +84,7 @@ class CpuServingStatus:
     skipped: tuple[str, ...] = ()
     patches: tuple[str, ...] = field(default_factory=tuple)
     kernel: str | None = None  # "xla" | "pallas" when the rpa part is on
+    not_needed: tuple[str, ...] = ()  # parts the installed tpu-inference has no step for (in `skipped` too)
 
 
 _STATUS: CpuServingStatus | None = None
@@ -156,7 +160,7 @@ def _on_cpu_devices(devices: Iterable[Any]) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# The wrappers (F1, F2, F4)
+# The wrappers (F1, F2, F4, F6)
 # --------------------------------------------------------------------------------------------
 
 
@@ -196,6 +200,32 @@ def _hbm_factory(original: Original) -> Callable[..., Any]:
         return wrapped(*args, **kwargs)
 
     return get_device_hbm_limit
+
+
+def live_bytes_per_device(devices: list[Any]) -> dict[Any, int]:
+    """Bytes of live jax buffers on each of `devices` (each buffer counted once)."""
+    import jax
+
+    used = dict.fromkeys(devices, 0)
+    seen: set[int] = set()
+    for array in jax.live_arrays():
+        for shard in array.addressable_shards:
+            data = shard.data
+            if id(data) not in seen and data.device in used:
+                seen.add(id(data))
+                used[data.device] += data.nbytes
+    return used
+
+
+def _hbm_usage_factory(original: Original) -> Callable[..., Any]:
+    def hbm_usage_bytes(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        devices = list(args[0] if args else kwargs.get("devices", ()))
+        if not devices or not _on_cpu_devices(devices) or all(d.memory_stats() is not None for d in devices):
+            return wrapped(*args, **kwargs)
+        used = live_bytes_per_device(devices)
+        return [(used[d], cpu_hbm_bytes()) for d in devices]
+
+    return hbm_usage_bytes
 
 
 def _no_options_factory(original: Original) -> Callable[..., Any]:
@@ -305,6 +335,20 @@ def _host_copy_factory(original: Original) -> Callable[..., Any]:
     return general_device_put
 
 
+def _not_needed() -> dict[str, str]:
+    """Parts the installed tpu-inference has no step for, with the reason (measured on 0.19.0: no compiler
+    options module, and its jits pass no TPU compiler options)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(COMPILER_OPTIONS)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None:
+        return {"compiler_options": f"this tpu-inference has no {COMPILER_OPTIONS} (no TPU compiler options to drop)"}
+    return {}
+
+
 def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]:
     specs: list[PatchSpec] = []
     origin = "maxtext_compat.shims.cpu_serving"
@@ -318,6 +362,8 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]
         specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", _mesh_factory, origin=f"{origin} (F1 CPU mesh)"))
     if "hbm" in parts:
         specs.append(PatchSpec(f"{UTILS}:get_device_hbm_limit", _hbm_factory, origin=f"{origin} (F2 CPU HBM limit)"))
+        specs.append(PatchSpec(f"{UTILS}:hbm_usage_bytes", _hbm_usage_factory,
+                               origin=f"{origin} (F6 CPU devices report no memory stats)"))  # fmt: skip
     if "compiler_options" in parts:
         for name in ("get_step_fn_compiler_options", "get_sampling_compiler_options"):
             specs.append(
@@ -326,7 +372,7 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]
     return specs
 
 
-DESCRIPTION = "vllm serve on a CPU backend (F1, F2, F4, F5, the XLA kernel for F3)"
+DESCRIPTION = "vllm serve on a CPU backend (F1, F2, F4, F5, F6, the XLA kernel for F3)"
 if PROFILE not in profiles.registered_profiles():  # listed from import on; install() registers the parts it applies
     profiles.register_profile(PROFILE, functools.partial(_specs, ()), description=DESCRIPTION)
 
@@ -416,6 +462,11 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
                 found=bad,
                 fix=f"pass parts from {list(PARTS)}, or parts=None for all of them",
             )
+        absent = _not_needed()
+        for part, why in absent.items():
+            if part in wanted:
+                log.info("maxtext_compat cpu-serving shim: %s not needed: %s", part, why)
+        wanted = tuple(p for p in wanted if p not in absent)
         skipped = tuple(p for p in PARTS if p not in wanted)
         patch_targets: list[str] = []
         kernel = resolve_kernel(kernel_choice()) if "rpa" in wanted else None
@@ -441,7 +492,9 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
             _undo_sampling()
             profiles.uninstall(PROFILE)
             raise
-        _STATUS = CpuServingStatus(True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets), kernel)
+        _STATUS = CpuServingStatus(
+            True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets), kernel, tuple(absent)
+        )
         if switched_off := tuple(p for p in skipped if p in off):
             log.warning("maxtext_compat cpu-serving shim: parts switched off by %s: %s", DISABLE_ENV, switched_off)
         log.info("maxtext_compat cpu-serving shim installed: %s", ", ".join(patch_targets))

@@ -1,0 +1,168 @@
+"""How much memory each matrix environment's test run takes, and running several only where it fits.
+
+Why: on a 2-core box one environment keeps about 1.2 cores busy (imports, tracing and compiles are
+single-threaded), so a third environment at once shortens `make test`; but the environments that start
+`vllm serve` hold several GB each, and three of them at once would not fit. Each run's peak (the summed
+resident memory of its process tree: pytest, servers, partner processes) is measured while it
+runs and recorded in tests/env_memory.json; the scheduler starts an environment only when the recorded peaks
+of those running plus its own fit the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+MEMORY_FILE = "tests/env_memory.json"
+BUDGET_VAR = "MAXTEXT_COMPAT_MEMORY_GB"
+BUDGET_SHARE = 0.8  # of the machine's memory, when BUDGET_VAR is unset
+UNKNOWN_PEAK_GB = 8.0  # an environment with no recorded peak counts as a heavy one
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def tree_rss_gb(root: int) -> float:
+    """Resident memory (GB) of process `root` and all its descendants (Linux /proc; 0.0 where unreadable).
+
+    By parent links, not by session: the serving tests start `vllm serve` in a session of its own."""
+    parent: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command: state ppid ... (proc(5))
+        except OSError:
+            continue  # the process ended while we looked
+        pid = int(entry.name)
+        parent[pid], rss[pid] = int(fields[1]), int(fields[21]) * _PAGE
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root] if root in rss else []
+    while todo:
+        pid = todo.pop()
+        total += rss[pid]
+        todo.extend(children.get(pid, ()))
+    return total / 2**30
+
+
+class PeakSampler:
+    """Samples a process tree's summed RSS every `interval` seconds in a thread; `.peak_gb` once stopped."""
+
+    def __init__(self, root: int, interval: float = 1.0, reader: Callable[[int], float] = tree_rss_gb) -> None:
+        self.root, self.interval, self._reader = root, interval, reader
+        self.peak_gb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{root}", daemon=True)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.peak_gb = max(self.peak_gb, self._reader(self.root))
+            if self._stop.wait(self.interval):
+                return
+
+
+def recorded_peaks(path: Path) -> dict[str, float]:
+    """Recorded peak GB per environment (empty when the file is missing or unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float)) and v >= 0}
+
+
+def record_peaks(peaks: dict[str, float], path: Path) -> Path:
+    """Write these environments' peaks into the file (others are kept), rounded up to 0.1 GB."""
+    data = recorded_peaks(path)
+    data.update({k: math.ceil(v * 10 - 1e-9) / 10 for k, v in peaks.items()})
+    path.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def machine_memory_gb() -> float:
+    """Total memory of this machine in GB (from /proc/meminfo; sysconf elsewhere)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def memory_budget_gb() -> float:
+    """MAXTEXT_COMPAT_MEMORY_GB, else 80% of the machine's memory."""
+    from maxtext_compat.errors import InvalidArgumentError
+
+    raw = os.environ.get(BUDGET_VAR, "")
+    if not raw:
+        return BUDGET_SHARE * machine_memory_gb()
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidArgumentError(
+            f"{BUDGET_VAR} is not a number of GB",
+            argument=BUDGET_VAR,
+            expected="a positive number of GB, e.g. 20",
+            found=repr(raw),
+            fix=f"set {BUDGET_VAR}=20, or unset it for 80% of this machine's memory",
+        )
+    return value
+
+
+class Admission:
+    """Starts environments at most `jobs` at once and only while their recorded peaks fit the budget.
+
+    The first in order that fits starts (the order is longest first; a small one may start before a big one
+    that has to wait for memory); one that alone exceeds the budget runs by itself."""
+
+    def __init__(self, order: Sequence[str], peaks: dict[str, float], jobs: int, budget_gb: float) -> None:
+        self._order = list(order)
+        self._peaks = {n: peaks.get(n, UNKNOWN_PEAK_GB) for n in order}
+        self._jobs, self._budget = jobs, budget_gb
+        self._running: set[str] = set()
+        self._cond = threading.Condition()
+
+    def _first_fitting(self) -> str | None:
+        if len(self._running) >= self._jobs:
+            return None
+        used = sum(self._peaks[n] for n in self._running)
+        for name in self._order:
+            if not self._running or used + self._peaks[name] <= self._budget:
+                return name
+        return None
+
+    def next(self) -> str | None:
+        """The next environment to start (blocks until one fits); None when every one has started."""
+        with self._cond:
+            if not self._order:
+                return None
+            self._cond.wait_for(lambda: self._first_fitting() is not None)
+            name = self._first_fitting()
+            assert name is not None
+            self._order.remove(name)
+            self._running.add(name)
+            return name
+
+    def finished(self, name: str) -> None:
+        with self._cond:
+            self._running.discard(name)
+            self._cond.notify_all()
