@@ -108,24 +108,10 @@ def machine_memory_gb() -> float:
 
 def memory_budget_gb() -> float:
     """MAXTEXT_COMPAT_MEMORY_GB, else 80% of the machine's memory."""
-    from maxtext_compat.errors import InvalidArgumentError
+    from maxtext_compat.switches import env_positive_number
 
-    raw = os.environ.get(BUDGET_VAR, "")
-    if not raw:
-        return BUDGET_SHARE * machine_memory_gb()
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InvalidArgumentError(
-            f"{BUDGET_VAR} is not a number of GB",
-            argument=BUDGET_VAR,
-            expected="a positive number of GB, e.g. 20",
-            found=repr(raw),
-            fix=f"set {BUDGET_VAR}=20, or unset it for 80% of this machine's memory",
-        )
-    return value
+    gb = env_positive_number(BUDGET_VAR, example="20", default="80% of this machine's memory")
+    return BUDGET_SHARE * machine_memory_gb() if gb is None else gb
 
 
 class Admission:

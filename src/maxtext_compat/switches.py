@@ -1,4 +1,4 @@
-"""One strict parser for every on/off environment switch (MAXTEXT_COMPAT_STRICT, ...).
+"""One strict parser for every environment switch: on/off flags (MAXTEXT_COMPAT_STRICT, ...) and amounts.
 
 Why strict: a switch read loosely fails silently. `MAXTEXT_COMPAT_STRICT=" 1"`, `"y"` or `"2"`
 used to turn strict mode *off* without a word; a value we do not recognise is now a typed
@@ -49,3 +49,25 @@ def parse_flag(
 def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None = None) -> bool:
     """The on/off switch `name` from the environment (see parse_flag)."""
     return parse_flag(name, (os.environ if environ is None else environ).get(name), default)
+
+
+def env_positive_number(
+    name: str, *, example: str, default: str, environ: Mapping[str, str] | None = None
+) -> float | None:
+    """Variable `name` as a positive number; None when unset or empty (the caller's `default` applies)."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    if raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:  # also refuses nan
+        raise InvalidArgumentError(
+            f"{name} is not a positive number",
+            argument=name,
+            expected=f"a positive number, e.g. {example}",
+            found=repr(raw),
+            fix=f"set {name}={example}, or unset it for {default}",
+        )
+    return value

@@ -175,21 +175,11 @@ def env_timeout(name: str) -> float:
     """Seconds an environment's pytest may run: MAXTEXT_COMPAT_ENV_TIMEOUT, else 3x its recorded time (at least
     20 min; an hour when none is recorded). A hang (an interpreter deadlock, a server that never answers) ends
     as a failed environment instead of stalling the whole run."""
-    raw = os.environ.get(TIMEOUT_VAR, "")
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise InvalidArgumentError(
-                f"{TIMEOUT_VAR} is not a number of seconds",
-                argument=TIMEOUT_VAR,
-                expected="a positive number of seconds",
-                found=repr(raw),
-                fix=f"set {TIMEOUT_VAR}=3600, or unset it for 3x each environment's recorded time",
-            )
-        return value
+    from maxtext_compat.switches import env_positive_number
+
+    seconds = env_positive_number(TIMEOUT_VAR, example="3600", default="3x each environment's recorded time")
+    if seconds is not None:
+        return seconds
     recorded = expected_durations().get(name)
     return max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * recorded) if recorded else DEFAULT_TIMEOUT_S
 

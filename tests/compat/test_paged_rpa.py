@@ -12,14 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.envs(
-    "maxtext-0.2.5",
-    "maxtext-0.2.1",
-    "maxtext-0.1.0-jax011",
-    "tpu-inference-0.22.1",
-    "tpu-inference-0.26.0",
-    "tpu-inference-0.27.0",
-)
+from helpers.kernel_envs import REAL_KERNEL_ENVS
+
+pytestmark = pytest.mark.envs(*REAL_KERNEL_ENVS)
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
