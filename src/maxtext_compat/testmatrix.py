@@ -52,7 +52,7 @@ class EnvResult:
     duration_s: float = 0.0
     status: str = "ok"  # ok | failed | build-failed | no-tests | timeout
     detail: str = ""
-    peak_memory_gb: float = 0.0  # summed resident memory of the run's process tree at its highest
+    peak_memory_gb: float = 0.0  # summed memory (PSS) of the run's process tree at its highest
 
     @property
     def ok(self) -> bool:

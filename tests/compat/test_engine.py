@@ -197,17 +197,19 @@ def test_a_compile_inside_a_callback_is_not_the_step_recompiling():
     import jax
     import jax.numpy as jnp
 
-    from maxtext_compat.engine.timing import compile_events, timed_call
+    from maxtext_compat.engine.timing import TraceCountingJit, compile_events, timed_call
 
     fresh = iter(range(1, 100))
 
     def helper(x):  # a new shape each call: a new compile each call, inside the callback
         return np.asarray(jax.jit(lambda y: y * 2)(jnp.ones(next(fresh))).sum() * 0 + x, np.float32)
 
-    step = jax.jit(lambda x: jax.pure_callback(helper, jax.ShapeDtypeStruct((), jnp.float32), x) + 1)
+    step = TraceCountingJit(lambda x: jax.pure_callback(helper, jax.ShapeDtypeStruct((), jnp.float32), x) + 1)
     x = jnp.float32(1.0)
     _, _, first = timed_call(step, x)
     before = compile_events()
     out, _, again = timed_call(step, x)
     assert compile_events() > before  # the callback did compile something
     assert first > 0 and again == 0.0 and float(out) == 2.0
+    committed = jax.device_put(x, jax.devices()[0])  # another jit cache entry, the same trace: no compile
+    assert timed_call(step, committed)[2] == 0.0 and step.traces == 1

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from maxtext_compat.engine.timing import timed_call
+from maxtext_compat.engine.timing import TraceCountingJit, timed_call
 from maxtext_compat.engine.types import Generation, StepRecord, check_force, check_prompts, next_inputs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.paged.layout import align
@@ -88,10 +88,8 @@ def dense_greedy(
     segments = np.ones((n, length), np.int32)
     import functools
 
-    import jax
-
     graphdef, state = nnx.split(model)
-    forward = jax.jit(functools.partial(_forward, graphdef))  # closed over: some GraphDefs are unhashable
+    forward = TraceCountingJit(functools.partial(_forward, graphdef))  # closed over: some GraphDefs are unhashable
     gen = Generation("dense", prompts_t)
     for k in range(num_steps + 1):
         if k:

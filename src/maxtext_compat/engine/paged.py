@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from maxtext_compat.engine.timing import timed_call
+from maxtext_compat.engine.timing import TraceCountingJit, timed_call
 from maxtext_compat.engine.types import Buckets, Generation, StepRecord, check_force, check_prompts, next_inputs
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.paged import KVCacheLayout, PageAllocator, SequenceSlice, build_metadata, head_parallelism
@@ -160,13 +160,12 @@ class PagedEngine:
         self._context = context
         import functools
 
-        import jax
         from flax import nnx
 
         # The graph structure is fixed by construction (weights may change: state is split per run);
         # closed over rather than a static argument because some releases' GraphDefs are unhashable.
         self._graphdef = nnx.split(self.model)[0]
-        self._step = jax.jit(functools.partial(_step, self._graphdef))
+        self._step = TraceCountingJit(functools.partial(_step, self._graphdef))
 
     def _check_config(self) -> None:
         cfg = self.config

@@ -1,12 +1,12 @@
 """Wall-clock a jitted call without counting its compilation.
 
 Why: on CPU a new shape compiles for 2.5-10 s while a warm step runs in ~0.1-0.3 s, so a
-per-step table is meaningless unless compile time is split off. jax reports every trace,
-lowering and backend compile through `jax.monitoring`; a call during which any of them
-happened compiled, and is run once more (jit is functional: same inputs, same outputs) so
-the timed call is a warm one. (The jit's own `_cache_size` is no signal: its C++ dispatch
-cache also grows when only an argument's sharding spelling changes, e.g. P() for
-P('data', None, 'model') on a 1-device mesh, without any compile.)
+per-step table is meaningless unless compile time is split off. A call that compiled is run once
+more (jit is functional: same inputs, same outputs) so the timed call is a warm one. What counts
+as "compiled": the function's own trace (`TraceCountingJit`). Not jax's process-wide compile events:
+the Pallas interpreter compiles helpers inside its host callbacks the first time a process meets a
+shape. Not the jit's own `_cache_size`: its C++ dispatch cache also grows when only an argument's
+sharding spelling or committedness changes, without any compile.
 """
 
 from __future__ import annotations
@@ -46,15 +46,31 @@ def compile_events() -> int:
     return _events
 
 
+class TraceCountingJit:
+    """jax.jit(fn) that counts its own traces: a trace is what every (re)compile of it starts with."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        import jax
+
+        self.traces = 0
+
+        def body(*args: Any) -> Any:
+            self.traces += 1  # runs only while tracing
+            return fn(*args)
+
+        self._jitted = jax.jit(body)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._jitted(*args)
+
+
 def timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float, float]:
     """(result, warm seconds, compile seconds: 0.0 when nothing compiled) of fn(*args), outputs ready.
 
-    For a jitted `fn`, "compiled" means its own cache grew: the Pallas interpreter compiles helpers inside
-    its callbacks the first time a process meets a shape, which is not the step recompiling."""
+    "Compiled" is `fn`'s own trace when it is a TraceCountingJit, else any compile event in the process."""
     import jax
 
-    own = getattr(fn, "_cache_size", None)
-    count: Callable[[], int] = own if callable(own) else compile_events
+    count: Callable[[], int] = (lambda: fn.traces) if isinstance(fn, TraceCountingJit) else compile_events
     before = count()
     start = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
