@@ -308,8 +308,8 @@ def _check_replicated_heads(layout: Any, tp: int, *, interpret: bool) -> None:
 
     Tensor parallelism above the KV head count holds each head several times. Measured: on jax 0.9.2 the
     compiler's output sharding cannot be turned back into one of the mesh (IndivisibleError from inside the
-    call); on 0.10.0, 0.10.2 and 0.11.0 the Pallas TPU interpreter (CPU) deadlocks in the kernel; 0.11.2 and
-    0.12.0.1 run it. A refusal instead of a hang."""
+    call); on 0.10.0, 0.10.2 and 0.11.0 the Pallas TPU interpreter (CPU) deadlocks in the kernel; 0.11.2
+    runs it. A refusal instead of a hang."""
     import jax
     from packaging.version import Version
 
