@@ -20,6 +20,7 @@ from pathlib import Path
 MEMORY_FILE = "tests/env_memory.json"
 BUDGET_VAR = "MAXTEXT_COMPAT_MEMORY_GB"
 BUDGET_SHARE = 0.8  # of the machine's memory, when BUDGET_VAR is unset
+MAX_BUDGET_GB = float(1 << 20)  # 1 PiB: anything above is a typo
 UNKNOWN_PEAK_GB = 8.0  # an environment with no recorded peak counts as a heavy one
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -125,7 +126,7 @@ def memory_budget_gb() -> float:
     """MAXTEXT_COMPAT_MEMORY_GB, else 80% of the machine's memory."""
     from maxtext_compat.switches import env_positive_number
 
-    gb = env_positive_number(BUDGET_VAR, example="20", default="80% of this machine's memory")
+    gb = env_positive_number(BUDGET_VAR, example="20", default="80% of this machine's memory", maximum=MAX_BUDGET_GB)
     return BUDGET_SHARE * machine_memory_gb() if gb is None else gb
 
 

@@ -7,6 +7,7 @@ error naming the variable, the value and the values accepted. Unset or empty mea
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
@@ -52,22 +53,29 @@ def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None
 
 
 def env_positive_number(
-    name: str, *, example: str, default: str, environ: Mapping[str, str] | None = None
+    name: str,
+    *,
+    example: str,
+    default: str,
+    maximum: float,
+    value: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> float | None:
-    """Variable `name` as a positive number; None when unset or empty (the caller's `default` applies)."""
-    raw = (os.environ if environ is None else environ).get(name, "")
+    """Variable `name` (or `value`, when given) as a finite number in (0, maximum]; None when unset or empty
+    (the caller's `default` applies). nan, inf and 1e400 parse as floats: they are refused here."""
+    raw = (os.environ if environ is None else environ).get(name, "") if value is None else value
     if raw == "":
         return None
     try:
-        value = float(raw)
+        number = float(raw)
     except ValueError:
-        value = -1.0
-    if not value > 0:  # also refuses nan
+        number = -1.0
+    if not (math.isfinite(number) and 0 < number <= maximum):
         raise InvalidArgumentError(
-            f"{name} is not a positive number",
+            f"{name} is not a positive number up to {maximum:g}",
             argument=name,
-            expected=f"a positive number, e.g. {example}",
+            expected=f"a number > 0 and <= {maximum:g}, e.g. {example}",
             found=repr(raw),
             fix=f"set {name}={example}, or unset it for {default}",
         )
-    return value
+    return number

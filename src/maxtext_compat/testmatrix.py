@@ -38,6 +38,7 @@ DURATIONS_FILE = "tests/env_durations.json"
 COMPILE_CACHE_VAR = "MAXTEXT_COMPAT_COMPILE_CACHE"
 TIMEOUT_VAR = "MAXTEXT_COMPAT_ENV_TIMEOUT"
 TIMEOUT_FACTOR, MIN_TIMEOUT_S, DEFAULT_TIMEOUT_S = 3.0, 1200.0, 3600.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it a value is a typo (inf would mean no timeout at all)
 
 
 @dataclass
@@ -177,7 +178,9 @@ def env_timeout(name: str) -> float:
     as a failed environment instead of stalling the whole run."""
     from maxtext_compat.switches import env_positive_number
 
-    seconds = env_positive_number(TIMEOUT_VAR, example="3600", default="3x each environment's recorded time")
+    seconds = env_positive_number(
+        TIMEOUT_VAR, example="3600", default="3x each environment's recorded time", maximum=MAX_TIMEOUT_S
+    )
     if seconds is not None:
         return seconds
     recorded = expected_durations().get(name)

@@ -123,7 +123,7 @@ def test_peaks_are_recorded_rounded_up_and_read_leniently(tmp_path):
     assert envmemory.recorded_peaks(tmp_path / "missing.json") == {}
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "lots", "nan"])
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "nan", "inf", "1e400", "1e7"])
 def test_a_memory_budget_that_is_not_gb_is_refused(monkeypatch, value):
     monkeypatch.setenv(envmemory.BUDGET_VAR, value)
     with pytest.raises(InvalidArgumentError, match=envmemory.BUDGET_VAR) as e:

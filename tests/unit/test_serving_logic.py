@@ -389,3 +389,22 @@ def test_doctor_shows_the_rpa_kernel_or_the_bad_setting(monkeypatch: pytest.Monk
     report = doctor.collect()
     assert report["rpa_kernel"]["error"]["type"] == "InvalidArgumentError"
     assert "RPA kernel on CPU: ERROR InvalidArgumentError" in doctor.render(report)
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "two", "nan", "inf", "1e400", str(2**21)])
+def test_a_cpu_hbm_size_that_is_not_gib_is_refused(raw):
+    from maxtext_compat.shims import cpu_serving
+
+    with pytest.raises(InvalidArgumentError, match=cpu_serving.HBM_ENV) as e:
+        cpu_serving.cpu_hbm_bytes(raw)
+    assert repr(raw) in str(e.value) and "Fix:" in str(e.value)
+
+
+def test_the_cpu_hbm_size_defaults_to_2_gib_and_takes_fractions(monkeypatch):
+    from maxtext_compat.shims import cpu_serving
+
+    monkeypatch.delenv(cpu_serving.HBM_ENV, raising=False)
+    assert cpu_serving.cpu_hbm_bytes() == cpu_serving.cpu_hbm_bytes("") == 2 << 30
+    assert cpu_serving.cpu_hbm_bytes("0.5") == 1 << 29
+    monkeypatch.setenv(cpu_serving.HBM_ENV, "1")
+    assert cpu_serving.cpu_hbm_bytes() == 1 << 30

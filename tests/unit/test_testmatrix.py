@@ -102,7 +102,7 @@ def test_a_hung_environment_is_stopped_with_everything_it_started(matrix, tmp_pa
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "soon", "nan"])
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "nan", "inf", "1e400", "1e9"])
 def test_a_timeout_that_is_not_seconds_is_refused(monkeypatch, value):
     monkeypatch.setenv(testmatrix.TIMEOUT_VAR, value)
     with pytest.raises(InvalidArgumentError, match=testmatrix.TIMEOUT_VAR) as e:

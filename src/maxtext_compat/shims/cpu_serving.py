@@ -137,21 +137,13 @@ def disabled_parts(value: str | None = None) -> tuple[str, ...]:
 
 
 def cpu_hbm_bytes(value: str | None = None) -> int:
-    raw = os.environ.get(HBM_ENV, "") if value is None else value
-    try:
-        gb = float(raw) if raw else DEFAULT_CPU_HBM_GB
-    except ValueError:
-        gb = -1.0
-    # nan, inf and 1e400 parse as floats: refuse them here, not as a raw error in int() later.
-    if not (math.isfinite(gb) and 0 < gb <= MAX_CPU_HBM_GB):
-        raise InvalidArgumentError(
-            f"{HBM_ENV} must be a positive number of GiB",
-            argument=HBM_ENV,
-            expected=f"a number > 0 and <= {MAX_CPU_HBM_GB}, e.g. 2 or 0.5",
-            found=repr(raw),
-            fix=f"unset {HBM_ENV} to use {DEFAULT_CPU_HBM_GB} GiB",
-        )
-    return int(gb * (1 << 30))
+    """The HBM limit a CPU device reports (MAXTEXT_COMPAT_CPU_HBM_GB, or `value`), in bytes."""
+    from maxtext_compat.switches import env_positive_number
+
+    gb = env_positive_number(
+        HBM_ENV, example="2", default=f"{DEFAULT_CPU_HBM_GB:g} GiB", maximum=MAX_CPU_HBM_GB, value=value
+    )
+    return int((DEFAULT_CPU_HBM_GB if gb is None else gb) * (1 << 30))
 
 
 def _on_cpu_devices(devices: Iterable[Any]) -> bool:
