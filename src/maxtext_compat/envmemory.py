@@ -40,10 +40,10 @@ def _pss_bytes(pid: int, rss_bytes: int) -> int:
     return rss_bytes
 
 
-def tree_rss_gb(root: int) -> float:
+def tree_memory_gb(root: int) -> float:
     """Memory (GB, PSS where the kernel reports it) of process `root` and all its descendants (Linux /proc;
     0.0 where unreadable). By parent links, not by session: the serving tests start `vllm serve` in a
-    session of its own."""
+    session of its own. Every process's stat is read to find the tree (cheap); PSS only for its members."""
     parent: dict[int, int] = {}
     rss: dict[int, int] = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
@@ -55,26 +55,27 @@ def tree_rss_gb(root: int) -> float:
         except OSError:
             continue  # the process ended while we looked
         pid = int(entry.name)
-        parent[pid], rss[pid] = int(fields[1]), _pss_bytes(pid, int(fields[21]) * _PAGE)
+        parent[pid], rss[pid] = int(fields[1]), int(fields[21]) * _PAGE
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
     total, todo = 0, [root] if root in rss else []
     while todo:
         pid = todo.pop()
-        total += rss[pid]
+        total += _pss_bytes(pid, rss[pid])
         todo.extend(children.get(pid, ()))
     return total / 2**30
 
 
 class PeakSampler:
-    """Samples a process tree's summed RSS every `interval` seconds in a thread; `.peak_gb` once stopped."""
+    """Samples a process tree's memory (`tree_memory_gb`) every `interval` seconds in a thread; `.peak_gb` once
+    stopped."""
 
-    def __init__(self, root: int, interval: float = 1.0, reader: Callable[[int], float] = tree_rss_gb) -> None:
+    def __init__(self, root: int, interval: float = 1.0, reader: Callable[[int], float] = tree_memory_gb) -> None:
         self.root, self.interval, self._reader = root, interval, reader
         self.peak_gb = 0.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"rss-{root}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"memory-{root}", daemon=True)
 
     def __enter__(self) -> PeakSampler:
         self._thread.start()

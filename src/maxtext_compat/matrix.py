@@ -301,6 +301,7 @@ class EnvironmentSpec:
     tests: tuple[str, ...] = ()  # test files this environment runs (empty: the whole suite)
 
     def as_dict(self) -> dict[str, Any]:
+        # `tests` only when set: the spec hash of every environment that runs the whole suite stays as it was.
         return ({"tests": list(self.tests)} if self.tests else {}) | {
             "name": self.name,
             "description": self.description,

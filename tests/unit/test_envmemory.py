@@ -88,7 +88,7 @@ def test_jobs_caps_the_count_even_when_memory_allows():
 
 
 def test_tree_memory_counts_the_children():
-    me = envmemory.tree_rss_gb(os.getpid())
+    me = envmemory.tree_memory_gb(os.getpid())
     assert me > 0.01  # this interpreter alone holds well over 10 MB
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
@@ -97,13 +97,13 @@ def test_tree_memory_counts_the_children():
     )  # fmt: skip
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        with_child = envmemory.tree_rss_gb(os.getpid())
+        with_child = envmemory.tree_memory_gb(os.getpid())
         assert with_child - me >= 0.18  # the child's 200 MB are counted
-        assert envmemory.tree_rss_gb(child.pid) >= 0.18
+        assert envmemory.tree_memory_gb(child.pid) >= 0.18
     finally:
         child.kill()
         child.wait()
-    assert envmemory.tree_rss_gb(child.pid) == 0.0  # gone: nothing to count
+    assert envmemory.tree_memory_gb(child.pid) == 0.0  # gone: nothing to count
 
 
 def test_the_sampler_keeps_the_highest_reading():
