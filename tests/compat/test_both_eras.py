@@ -16,6 +16,8 @@ the new-era body on 0.1.0 fails with "not enough values to unpack" and the old-e
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -186,7 +188,7 @@ class _WrittenFor:
         for variant in VARIANTS:
             weights = work / f"{variant}.weights.npz"
             _save_weights(variant, weights)
-            self.outs[variant] = _PartnerCache.path(self.env, variant, weights) or work / f"{variant}.out.npz"
+            self.outs[variant] = _partner_answer_path(self.env, variant, weights) or work / f"{variant}.out.npz"
             if not self.outs[variant].is_file():
                 runs.append({"variant": variant, "weights": str(weights), "out": str(self.outs[variant])})
         self.log = work / "log.txt"
@@ -226,36 +228,48 @@ class _WrittenFor:
             return {k: npz[k] for k in npz.files}
 
 
-class _PartnerCache:
-    """Where a partner's answer for one variant lives between environments of one matrix run.
+def _partner_answer_path(env, variant, weights):
+    """Where a partner's answer for one variant lives between environments of one matrix run (None: no cache).
 
     The 0.2.x environments build identical Attention weights (same init, same jax), so the partner would
     compute the same numbers five times: its answer is stored under a key of everything that decides it —
-    the partner environment's spec, this file and era_partner.py (the bodies), the variant, the weights'
-    bytes and our own source — beside the JAX compilation cache, and only when the matrix runner set one up."""
+    the partner environment's spec, this file and era_partner.py (the bodies), our own source, the variant
+    and the weights' bytes — beside the JAX compilation cache, and only when the matrix runner set one up."""
+    import hashlib
+    import os
+    from pathlib import Path
 
-    @staticmethod
-    def path(env, variant, weights):
-        import hashlib
-        import os
-        from pathlib import Path
+    root = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    fixed = _partner_fixed_digest(env)
+    if not root or fixed is None:
+        return None
+    h = hashlib.sha256(fixed)
+    for part in (variant.encode(), weights.read_bytes()):
+        h.update(hashlib.sha256(part).digest())
+    folder = Path(root).parent.parent / "era-partner"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{h.hexdigest()}.npz"
 
-        from maxtext_compat.envs import env_path
 
-        root = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-        spec = env_path(env) / "maxtext-compat-env.json"  # its spec hash and versions, written when it was built
-        if not root or not spec.is_file():
-            return None
-        h = hashlib.sha256()
-        here = Path(__file__)
-        ours = sorted(Path(shims.__file__).parent.parent.rglob("*.py"))  # the partner loads weights with our code
-        for part in (env.encode(), variant.encode(), spec.read_bytes(), here.read_bytes(),
-                     here.with_name("era_partner.py").read_bytes(), weights.read_bytes(),
-                     *(f.read_bytes() for f in ours)):  # fmt: skip
-            h.update(hashlib.sha256(part).digest())
-        folder = Path(root).parent.parent / "era-partner"
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder / f"{h.hexdigest()}.npz"
+@functools.cache
+def _partner_fixed_digest(env):
+    """The part of the key that is the same for every variant (read once per module), or None when the
+    partner environment has no build record."""
+    import hashlib
+    from pathlib import Path
+
+    from maxtext_compat.envs import env_path
+
+    spec = env_path(env) / "maxtext-compat-env.json"  # its spec hash and versions, written when it was built
+    if not spec.is_file():
+        return None
+    here = Path(__file__)
+    ours = sorted(Path(shims.__file__).parent.parent.rglob("*.py"))  # the partner loads weights with our code
+    h = hashlib.sha256()
+    for part in (env.encode(), spec.read_bytes(), here.read_bytes(), here.with_name("era_partner.py").read_bytes(),
+                 *(f.read_bytes() for f in ours)):  # fmt: skip
+        h.update(hashlib.sha256(part).digest())
+    return h.digest()
 
 
 @pytest.fixture(scope="module")
