@@ -27,6 +27,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
+from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat.adapters import wrap  # noqa: E402
 from maxtext_compat.engine import compare  # noqa: E402
 from maxtext_compat.paged import guard  # noqa: E402
@@ -43,16 +44,6 @@ FAMILIES = ["default", "qwen3"]
 TOL = {"default": 1e-5, "qwen3": 1e-4}  # |logits| <= ~5 (default), ~110 (qwen3: tied, unnormalised embedding)
 TP_STEPS = 3
 TP_TOL = 1e-5
-
-
-def _partner_or_skip(name: str) -> None:
-    """A skip is not a pass: under the matrix runner (MAXTEXT_COMPAT_ENV set) a missing partner env fails."""
-    reason = cr.missing_env(name)
-    if reason is None:
-        return
-    if os.environ.get("MAXTEXT_COMPAT_ENV"):
-        pytest.fail(f"{reason}; the matrix runner builds it, so it must exist")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +83,7 @@ def here(built, partner_pending):
 
 @pytest.fixture(scope="module")
 def partner(here, partner_pending):
-    _partner_or_skip(PARTNER)
+    require_env(PARTNER)
     return dict(zip(FAMILIES, partner_pending.results(), strict=True))
 
 

@@ -27,6 +27,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
+from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat import shims  # noqa: E402
 from maxtext_compat.convention import set_caller_convention  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
@@ -274,15 +275,7 @@ def _partner_fixed_digest(env):
 
 @pytest.fixture(scope="module")
 def written_for(tmp_path_factory):
-    import os
-
-    from maxtext_compat.testing.crossrun import missing_env
-
-    reason = missing_env(WRITTEN_FOR[FOREIGN_ERA])
-    if reason is not None:
-        if os.environ.get("MAXTEXT_COMPAT_ENV"):  # the matrix runner builds every environment: a skip would hide it
-            pytest.fail(f"{reason}; the matrix runner builds it, so it must exist")
-        pytest.skip(reason)
+    require_env(WRITTEN_FOR[FOREIGN_ERA])
     runs = _WrittenFor(tmp_path_factory.mktemp("written_for"))
     yield runs
     if runs.process is not None and runs.process.poll() is None:

@@ -19,6 +19,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
+from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat import weights  # noqa: E402
 from maxtext_compat.backport import weights as backport_weights  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
@@ -175,11 +176,7 @@ def test_unscan_params_of_gemma3_blocks_and_remainder():
 def test_round_trip_through_another_release(saved):
     """Weights -> the partner release (loaded, dense logits, exported) -> back here: bit for bit."""
     _, _, model, _, back, pending = saved
-    reason = cr.missing_env(PARTNER)
-    if reason:
-        if os.environ.get("MAXTEXT_COMPAT_ENV"):
-            pytest.fail(f"{reason}; the matrix runner builds it, so it must exist")
-        pytest.skip(reason)
+    require_env(PARTNER)
     (theirs,) = pending.results()
     assert theirs.meta["release"] != ROW.name and theirs.paged is None
     _, _, fresh = _model(seed=9)

@@ -57,7 +57,10 @@ def test_nnx_attention_assigned_in_init_under_an_alias():
                 return x
         """
     )
-    assert '        x, _ = self.self_attention(x, x, pos, model_mode="train")\n' in result.code
+    assert (
+        '        x, _ = self.self_attention(x, x, pos, model_mode="train", kv_cache=None, attention_metadata=None)\n'
+        in result.code
+    )
     assert "# a comment the rewrite keeps" in result.code and "# built once" in result.code
     assert _changes(result) == [(10, "attention", "rewritten")]
 
@@ -99,8 +102,8 @@ def test_linen_factory_called_in_compact_style_and_tolinen_wrapper():
             return out + out2
         """
     )
-    assert "    out, _ = layer(x, x, pos)\n" in result.code
-    assert "    out2, _ = wrapped(x, x, pos)\n" in result.code
+    assert "    out, _ = layer(x, x, pos, kv_cache=None, attention_metadata=None)\n" in result.code
+    assert "    out2, _ = wrapped(x, x, pos, kv_cache=None, attention_metadata=None)\n" in result.code
 
 
 def test_decoder_three_tuple_and_kv_caches_threaded():
@@ -127,7 +130,10 @@ def test_decoder_three_tuple_and_kv_caches_threaded():
         "        logits, hidden, kv_caches = self.decoder(self.embed, tokens, pos, kv_caches=kv_caches, "
         "attention_metadata=attention_metadata)\n" in result.code
     )
-    assert "    logits, hidden, _ = Decoder(config=cfg)(None, tokens, pos)\n" in result.code
+    assert (
+        "    logits, hidden, _ = Decoder(config=cfg)(None, tokens, pos, kv_caches=None, attention_metadata=None)\n"
+        in result.code
+    )
 
 
 def test_decoder_layers_called_in_a_loop():
@@ -142,8 +148,75 @@ def test_decoder_layers_called_in_a_loop():
             return y
         """
     )
-    want = '        y, _ = LlamaDecoderLayer(config=cfg, name=f"layers_{i}")(y, None, pos, True, "train")\n'
+    call = 'LlamaDecoderLayer(config=cfg, name=f"layers_{i}")(y, None, pos, True, "train"'
+    want = f"        y, _ = {call}, kv_cache=None, attention_metadata=None)\n"
     assert want in result.code
+
+
+def test_bindings_are_scoped_to_their_class_and_function():
+    """Another class's `self.attn`, or a same-named local elsewhere, is another object: never a site."""
+    code = textwrap.dedent(
+        """\
+        from MaxText.layers.attentions import Attention
+
+
+        class VisionAttention:
+            def __init__(self):
+                self.attn = Attention()
+
+            def __call__(self, x):
+                y = self.attn(x, x, None)
+                return y
+
+
+        class VisionBlock:
+            def __init__(self):
+                self.attn = VisionAttention()
+
+            def __call__(self, x):
+                y = self.attn(x)
+                return y
+
+
+        def build(x):
+            attn = Attention()
+
+            def inner(z):
+                out = attn(z, z, None)
+                return out
+
+            return inner(x)
+
+
+        def elsewhere(attn, x):
+            out = attn(x)
+            return out
+        """
+    )
+    result = migrate_source(code, CALLEES, "kv_return")
+    assert [(s.line, s.change) for s in result.sites] == [(9, "rewritten"), (26, "rewritten")]
+    assert "        y = self.attn(x)\n" in result.code and "    out = attn(x)\n" in result.code
+
+
+def test_a_linen_layer_bridged_to_nnx_is_still_that_layer():
+    result = _migrate(
+        """\
+        from flax import nnx
+        from MaxText.layers import nnx_wrappers
+        from MaxText.layers.decoders import Decoder
+
+
+        class Transformer(nnx.Module):
+            def __init__(self, cfg, rngs):
+                decoder_linen = Decoder(config=cfg)
+                self.decoder = nnx_wrappers.ToNNX(decoder_linen, rngs=rngs)
+
+            def __call__(self, tokens, pos):
+                logits, hidden = self.decoder(None, tokens, pos)
+                return logits
+        """
+    )
+    assert [(s.line, s.kind, s.change) for s in result.sites] == [(12, "decoder", "rewritten")]
 
 
 @pytest.mark.parametrize(
@@ -269,11 +342,19 @@ def test_check_lists_sites_and_exits_1_write_rewrites_and_a_second_check_exits_0
     src.write_text(OLD)
     assert main(["migrate", str(tmp_path), "--check", "--diff"]) == 1
     out = capsys.readouterr().out
-    assert f"{src}:5:5: MaxText.layers.attentions.Attention (attention): would rewrite: unpacks (…, _)" in out
-    assert "-    y = Attention()(x, x, None)\n+    y, _ = Attention()(x, x, None)" in out
+    assert (
+        f"{src}:5:5: MaxText.layers.attentions.Attention (attention): would rewrite: unpacks (…, _); "
+        "passes kv_cache=None and attention_metadata=None" in out
+    )
+    assert (
+        "-    y = Attention()(x, x, None)\n+    y, _ = Attention()(x, x, None, kv_cache=None, attention_metadata=None)"
+        in out
+    )
     assert src.read_text() == OLD  # --check never writes
     assert main(["migrate", str(src), "--write"]) == 0
-    assert src.read_text() == OLD.replace("    y = Attention()", "    y, _ = Attention()")
+    assert src.read_text() == OLD.replace(
+        "    y = Attention()(x, x, None)", "    y, _ = Attention()(x, x, None, kv_cache=None, attention_metadata=None)"
+    )
     capsys.readouterr()
     assert main(["migrate", str(tmp_path), "--check"]) == 0
     assert "0 to rewrite, 0 manual, 1 unchanged" in capsys.readouterr().out
@@ -284,8 +365,9 @@ def test_json_output(tmp_path, capsys):
     assert main(["migrate", str(tmp_path), "--json"]) == 0
     [report] = json.loads(capsys.readouterr().out)
     assert report["changed"] is True and report["skipped"] is None
+    detail = "unpacks (…, _); passes kv_cache=None and attention_metadata=None"
     assert report["sites"] == [{"line": 5, "column": 5, "callee": "MaxText.layers.attentions.Attention",
-                                "kind": "attention", "change": "rewritten", "detail": "unpacks (…, _)"}]  # fmt: skip
+                                "kind": "attention", "change": "rewritten", "detail": detail}]  # fmt: skip
 
 
 def test_unreadable_files_are_reported_skipped_and_the_exit_code_says_so(tmp_path, capsys):
@@ -381,39 +463,59 @@ class LlamaDecoderLayer:
 """
 
 
-def test_a_listed_decoder_layer_defined_here_gets_the_new_signature_call_and_returns():
+def test_a_listed_decoder_layer_defined_here_is_left_whole_and_listed_its_attention_call_moves():
+    """MaxText's Decoder calls this class through get_decoder_layers(): its return moves only with that loop."""
     result = migrate_source(LAYER_010, CALLEES, "kv_return", "MaxText.layers.llama2")
-    assert result.code == LAYER_NEW
-    assert [(s.kind, s.change) for s in result.sites] == [("decoder_layer", "rewritten"), ("attention", "rewritten")]
-    assert migrate_source(LAYER_NEW, CALLEES, "kv_return", "MaxText.layers.llama2").code == LAYER_NEW
-    assert migrate_source(LAYER_NEW, CALLEES, "legacy", "MaxText.layers.llama2").code == LAYER_010
-    # the same class in a module the matrix does not name is a user's own class: only its call is migrated
-    other = migrate_source(LAYER_010, CALLEES, "kv_return", "mypkg.llama2")
-    assert "kv_cache=None" not in other.code and "attention_lnx, _ = attention_layer(" in other.code
-
-
-def test_a_layer_whose_return_cannot_take_the_cache_is_left_whole_and_manual():
-    code = LAYER_010.replace(
-        "    if self.config.scan_layers:\n      return attention_lnx, None\n    else:\n      return attention_lnx\n",
-        "    return attention_lnx, None if self.config.scan_layers else attention_lnx\n",
+    want = LAYER_010.replace("    attention_lnx = attention_layer(", "    attention_lnx, _ = attention_layer(").replace(
+        "        previous_chunk=previous_chunk,\n    )",
+        "        previous_chunk=previous_chunk,\n        kv_cache=None,\n        attention_metadata=None,\n    )",
     )
-    result = migrate_source(code, CALLEES, "kv_return", "MaxText.layers.llama2")
-    assert "kv_cache" not in result.code  # neither the signature nor the call got half a migration
-    layer = [s for s in result.sites if s.kind == "decoder_layer"]
-    assert [s.change for s in layer] == ["manual"] and "tuple other than the scanned" in layer[0].detail
+    assert result.code == want
+    assert [(s.kind, s.change) for s in result.sites] == [("decoder_layer", "manual"), ("attention", "rewritten")]
+    assert "chosen at run time" in result.sites[0].detail and result.sites[0].line == 5
+    assert migrate_source(want, CALLEES, "kv_return", "MaxText.layers.llama2").code == want
+    assert migrate_source(want, CALLEES, "legacy", "MaxText.layers.llama2").code == LAYER_010
+    # the same class in a module the matrix does not name is a user's own class: no definition site
+    other = migrate_source(LAYER_010, CALLEES, "kv_return", "mypkg.llama2")
+    assert other.code == want and [s.kind for s in other.sites] == ["attention"]
 
 
-def test_a_single_line_signature_and_call_stay_on_one_line():
+def test_a_new_convention_layer_defined_here_is_left_whole_under_legacy():
+    result = migrate_source(LAYER_NEW, CALLEES, "legacy", "MaxText.layers.llama2")
+    assert result.code == LAYER_NEW
+    assert [(s.kind, s.change) for s in result.sites] == [("decoder_layer", "manual"), ("attention", "manual")]
+    again = migrate_source(LAYER_NEW, CALLEES, "kv_return", "MaxText.layers.llama2")
+    assert again.code == LAYER_NEW  # already the target: no definition site, the call unchanged
+    assert [(s.line, s.kind, s.change) for s in again.sites] == [(14, "attention", "unchanged")]
+
+
+def test_legacy_keeps_a_call_that_writes_a_cache_as_manual():
+    code = textwrap.dedent(
+        """\
+        from MaxText.layers.attentions import Attention
+
+
+        def step(x, pos, pages, metadata):
+            y, _ = Attention()(x, x, pos, kv_cache=pages, attention_metadata=metadata)
+            return y
+        """
+    )
+    result = migrate_source(code, CALLEES, "legacy")
+    assert result.code == code
+    assert [(s.change, s.detail) for s in result.sites] == [
+        ("manual", "passes kv_cache=pages, attention_metadata=metadata (a legacy call cannot write a KV cache)")
+    ]
+
+
+def test_a_single_line_call_stays_on_one_line():
     code = (
         "from MaxText.layers.attentions import Attention\n\n\nclass LlamaDecoderLayer:\n"
         "    def __call__(self, x, pos):\n        a = Attention()\n        y = a(x, x, pos)\n        return y\n"
     )
     result = migrate_source(code, CALLEES, "kv_return", "MaxText.layers.llama2")
-    assert "    def __call__(self, x, pos, kv_cache=None, attention_metadata=None):\n" in result.code
-    assert (
-        "        y, kv_cache = a(x, x, pos, kv_cache=kv_cache, attention_metadata=attention_metadata)\n" in result.code
+    assert result.code == code.replace(
+        "y = a(x, x, pos)", "y, _ = a(x, x, pos, kv_cache=None, attention_metadata=None)"
     )
-    assert "        return y, kv_cache\n" in result.code
 
 
 def test_module_names_come_from_the_package_layout(tmp_path):

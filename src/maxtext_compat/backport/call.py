@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.adapters.translate import Translated, check_kv_writes
+from maxtext_compat.adapters.translate import Translated, check_kv_writes, describe
 from maxtext_compat.backport import hooks
 from maxtext_compat.backport.attention import rpa_mesh_for
 from maxtext_compat.backport.session import BackportError, kv_session
@@ -28,6 +28,11 @@ def backport_call(
     hooks.ensure_installed(row)
     many = kind in ("decoder", "transformer")
     caches = list(t.kv) if many and t.kv is not None else [t.kv]
+    if not writes and kind != "transformer":
+        # Nothing to route and nothing to record (only the Transformer's return needs the session's hidden
+        # state): no session, so such calls also nest, e.g. inside a moved Transformer's Decoder call.
+        kv_back = None if t.kv is None else caches if many else t.kv
+        return new_shape(kind, native_call(module, **t.kwargs), kv_back)
     mesh = getattr(module, "mesh", None)
     if writes and mesh is None:
         raise BackportError(
@@ -50,11 +55,44 @@ def backport_call(
     kv_out = updated if many else updated[0]
     if t.kv is None:
         kv_out = None  # a new call without a cache gets None back, as MaxText 0.2.x returns it
+    if kind == "transformer":
+        return session.hidden, kv_out
+    return new_shape(kind, result, kv_out)
+
+
+def new_shape(kind: str, result: Any, kv: Any) -> Any:
+    """A layer's old-convention return in the new convention (what MaxText 0.2.x returns for `kind`)."""
     if kind == "attention":
-        return result, kv_out
+        return result, kv
     if kind == "decoder_layer":
-        y = result[0] if isinstance(result, tuple) else result
-        return y, kv_out
+        y = result[0] if isinstance(result, tuple) else result  # a scanned layer's old return is (y, None)
+        return y, kv
     if kind == "decoder":
-        return result[0], result[1], kv_out
-    return session.hidden, kv_out
+        return result[0], result[1], kv
+    raise ValueError(f"no new shape for a {kind} call")  # the Transformer's is built from the session
+
+
+def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[str, Any], where: str) -> Any:
+    """A call MaxText makes inside a backported step: its own convention, attention in train mode.
+
+    Train mode: MaxText's own KV-cache variables are skipped (0.2.x skips them the same way); the step's
+    session routes the attention op. A call that names the KV arguments (code moved by `maxtext-compat
+    migrate` passes `kv_cache=None, attention_metadata=None`) gets the new return with no cache: the session
+    holds every layer's cache, so a cache passed here would be a second, conflicting one.
+    """
+    kv_name = "kv_caches" if kind in ("decoder", "transformer") else "kv_cache"
+    named = {n: kwargs[n] for n in (kv_name, "attention_metadata") if n in kwargs}
+    held = [n for n, v in named.items() if v is not None]
+    if held or (named and kind == "transformer"):
+        raise BackportError(
+            f"{where} was called with {held[0] if held else kv_name}= inside a backported vLLM step",
+            argument=held[0] if held else kv_name,
+            expected="None: the step's KV session hands each layer its cache",
+            found=describe(named[held[0]]) if held else "a Transformer called inside a Transformer's step",
+            fix="pass the caches once, to the outermost call (the Transformer's kv_caches=); inner calls take none",
+        )
+    rest = {k: v for k, v in kwargs.items() if k not in named}
+    if kind == "attention":
+        rest["model_mode"] = hooks.TRAIN
+    result = call(*args, **rest)
+    return new_shape(kind, result, None) if named else result

@@ -2,18 +2,26 @@
 
 What is a call site: a call of a name that resolves (imports and aliases followed by libcst) to a MaxText
 Attention / MLA, decoder layer, Decoder or Transformer class or its Linen factory; of an instance of one
-(`self.attn = Attention(...)` in any method, `attn = Attention(...)` in a function); of `Class(...)(...)`
-inline; of `nnx_wrappers.ToLinen(Class, ...)` / `to_linen(Class, ...)`. A class handed to `nn.scan` is
-listed as manual (its carry decides the return).
+(`self.attn = Attention(...)` in a method of the same class, `attn = Attention(...)` in the same function or
+an enclosing one); of `Class(...)(...)` inline; of `nnx_wrappers.ToLinen(Class, ...)` / `to_linen(Class, ...)`
+and `ToNNX(instance, ...)`. A class handed to `nn.scan` is listed as manual (its carry decides the return).
 
-What is rewritten (`kv_return`): `x = attention(...)` -> `x, _ = attention(...)`, or, inside a function that
-takes `kv_cache` and `attention_metadata`, `x, kv_cache = attention(..., kv_cache=kv_cache,
-attention_metadata=attention_metadata)`; the same for decoder layers; `logits, hidden = decoder(...)` ->
-`logits, hidden, _ = ...` (`kv_caches` threaded where the function takes it). `legacy` is the reverse,
-only where the KV result is `_` (a KV cache used later cannot be dropped safely). Anything else that uses
-the result (inside an expression, returned, passed on, starred) is reported as manual with the reason.
-A second run changes nothing. The Transformer's return is the same in both conventions outside vLLM modes:
-its sites are listed, never changed.
+What is rewritten (`kv_return`): `x = attention(...)` -> `x, kv_cache = attention(..., kv_cache=kv_cache,
+attention_metadata=attention_metadata)` inside a function that takes both, else `x, _ = attention(...,
+kv_cache=None, attention_metadata=None)`; the same for decoder layers; `logits, hidden = decoder(...)` ->
+`logits, hidden, _ = decoder(..., kv_caches=None, attention_metadata=None)` (`kv_caches` threaded where the
+function takes it). Why a moved call always names its KV arguments: a call that names them is a new call in
+every convention (MaxText 0.2.x, or an older release under the vllm-backport shim), so `x, _ = ...` can
+never unpack a bare output's batch axis; where the callee cannot take them the call fails loudly.
+`legacy` is the reverse, only where the KV result is `_` and the KV arguments are absent or None (a cache
+used or written cannot be dropped safely). Anything else that uses the result (inside an expression,
+returned, passed on, starred) is reported as manual with the reason. A second run changes nothing.
+
+A decoder layer the matrix lists that is *defined* in the migrated code (MaxText's own source, a fork) is
+listed as manual, never rewritten: MaxText's Decoder calls its layers through classes chosen at run time
+(`get_decoder_layers()`), a call no codemod can follow, so changing a layer's return alone would break that
+loop. The Transformer's return is the same in both conventions outside vLLM modes: its sites are listed,
+never changed.
 """
 
 from __future__ import annotations
@@ -32,8 +40,13 @@ KV_PARAMS = ("kv_cache", "attention_metadata")
 _TIGHT = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
 KV_ARG = {"attention": "kv_cache", "decoder_layer": "kv_cache", "decoder": "kv_caches"}
 ARITY = {"attention": 1, "decoder_layer": 1, "decoder": 2}  # values before the KV result in the new return
+DEFINED_LAYER = (
+    "a decoder layer defined here: MaxText's Decoder calls its layers through classes chosen at run time "
+    "(get_decoder_layers()), which migrate cannot follow; move this layer's signature and returns together "
+    "with the Decoder's layer loop by hand"
+)
 SCAN_NAMES = ("flax.linen.scan", "flax.linen.transforms.scan", "flax.nnx.scan", "jax.lax.scan")
-TO_LINEN = ("ToLinen", "to_linen")
+BRIDGES = ("ToLinen", "to_linen", "ToNNX", "to_nnx")  # Linen <-> NNX wrappers: the same layer, the same return
 
 
 @dataclass(frozen=True)
@@ -74,17 +87,51 @@ def _dotted(node: cst.BaseExpression) -> str | None:
 Found = tuple[str, Kind | Literal["scanned"]]  # (the class's dotted name, the kind of call site)
 
 
+Scope = tuple[object, str]  # (the class's dotted name for `self.x`, else the function's id or None for the module)
+
+
 class _Resolving:
-    """Which MaxText class an expression names or builds (imports and aliases followed by libcst)."""
+    """Which MaxText class an expression names or builds (imports and aliases followed by libcst).
+
+    Bindings are scoped: `self.attn` to the class whose method binds it (another class's `self.attn` is another
+    object), a plain name to the function that binds it and the functions nested in it (or to the module).
+    """
 
     callees: Callees
-    bound: dict[str, Found]  # "attn" / "self.attn" -> (callee, kind): names bound to a MaxText layer
+    bound: dict[Scope, Found]  # (scope, "attn" / "self.attn") -> (callee, kind): names bound to a MaxText layer
+    classes: list[str]
+    functions: list[int]
+
+    def enter(self, node: cst.FunctionDef | cst.ClassDef) -> None:
+        if isinstance(node, cst.ClassDef):
+            self.classes.append(node.name.value)
+        else:
+            self.functions.append(id(node))
+
+    def leave(self, node: cst.FunctionDef | cst.ClassDef) -> None:
+        (self.classes if isinstance(node, cst.ClassDef) else self.functions).pop()
+
+    def bind(self, name: str, found: Found) -> None:
+        if name.startswith("self."):
+            if self.classes:
+                self.bound[(".".join(self.classes), name)] = found
+            return
+        self.bound[(self.functions[-1] if self.functions else None, name)] = found
+
+    def lookup(self, name: str) -> Found | None:
+        if name.startswith("self."):
+            return self.bound.get((".".join(self.classes), name)) if self.classes else None
+        for scope in [*reversed(self.functions), None]:
+            if (scope, name) in self.bound:
+                return self.bound[(scope, name)]
+        return None
 
     def callee_of(self, call: cst.Call) -> Found | None:
         """What a call calls: a bound instance, or `Class(...)(...)` / `ToLinen(Class, ...)(...)` inline."""
         name = _dotted(call.func)
-        if name is not None and name in self.bound:
-            return self.bound[name]
+        found = self.lookup(name) if name is not None else None
+        if found is not None:
+            return found
         if isinstance(call.func, cst.Call):
             return self.resolve_built(call.func)
         return None
@@ -100,7 +147,8 @@ class _Resolving:
         return None
 
     def resolve_built(self, value: cst.BaseExpression) -> Found | None:
-        """`Class(...)`, `factory(...)`, `ToLinen(Class, ...)` or `nn.scan(Class, ...)`: the class and kind."""
+        """`Class(...)`, `factory(...)`, `ToLinen(Class, ...)`, `ToNNX(instance, ...)` or `nn.scan(Class, ...)`:
+        the class and kind."""
         if not isinstance(value, cst.Call):
             return None
         found = self.resolve_class(value.func)
@@ -108,14 +156,32 @@ class _Resolving:
             return found
         scan = bool(self.qualified(value.func) & set(SCAN_NAMES))
         last = (_dotted(value.func) or "").rsplit(".", 1)[-1]
-        if value.args and (last in TO_LINEN or scan):
-            inner = self.resolve_class(value.args[0].value)
+        if value.args and (last in BRIDGES or scan):
+            first = value.args[0].value
+            name = _dotted(first)
+            inner = self.resolve_class(first) or (self.lookup(name) if name is not None and not scan else None)
             if inner is not None:
                 return (inner[0], "scanned") if scan else inner
         return None
 
 
-class _Instances(_Resolving, cst.CSTVisitor):
+class _ScopedVisitor(_Resolving, cst.CSTVisitor):
+    """A read-only pass that keeps the class and function stacks the bindings are scoped by."""
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.enter(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.leave(original_node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.enter(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.leave(original_node)
+
+
+class _Instances(_ScopedVisitor):
     """First pass: names and self attributes bound to a MaxText layer (`x = Attention(...)`)."""
 
     METADATA_DEPENDENCIES = (QualifiedNameProvider,)
@@ -123,6 +189,7 @@ class _Instances(_Resolving, cst.CSTVisitor):
     def __init__(self, callees: Callees) -> None:
         self.callees = callees
         self.bound = {}
+        self.classes, self.functions = [], []
 
     def visit_Assign(self, node: cst.Assign) -> None:
         found = self.resolve_built(node.value)
@@ -130,10 +197,10 @@ class _Instances(_Resolving, cst.CSTVisitor):
             return
         name = _dotted(node.targets[0].target)
         if name is not None:
-            self.bound[name] = found
+            self.bind(name, found)
 
 
-class _Counts(_Resolving, cst.CSTVisitor):
+class _Counts(_ScopedVisitor):
     """Second pass: how many call sites of each kind every function holds (threading one KV cache through
     two attention calls would hand the second the first's cache, so only a lone site is threaded)."""
 
@@ -142,61 +209,14 @@ class _Counts(_Resolving, cst.CSTVisitor):
     def __init__(self, instances: _Instances) -> None:
         self.callees = instances.callees
         self.bound = instances.bound
-        self.stack: list[cst.FunctionDef] = []
+        self.classes, self.functions = [], []
         self.counts: dict[int, dict[str, int]] = {}
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.stack.append(node)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.stack.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         found = self.callee_of(node)
-        if found is not None and self.stack:
-            per = self.counts.setdefault(id(self.stack[-1]), {})
+        if found is not None and self.functions:
+            per = self.counts.setdefault(self.functions[-1], {})
             per[found[1]] = per.get(found[1], 0) + 1
-
-
-class _Returns(cst.CSTVisitor):
-    """The return statements of one function body (not of functions or classes nested in it)."""
-
-    def __init__(self) -> None:
-        self.found: list[cst.Return] = []
-        self.depth = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.depth += 1
-        return self.depth == 1
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.depth -= 1
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
-
-    def visit_Return(self, node: cst.Return) -> None:
-        self.found.append(node)
-
-
-def _return_problem(node: cst.FunctionDef) -> str | None:
-    """Why a decoder layer's returns cannot all get the KV cache appended (None when they can)."""
-    collector = _Returns()
-    node.visit(collector)
-    for ret in collector.found:
-        value = ret.value
-        if value is None:
-            return "a bare `return`"
-        if isinstance(value, cst.Tuple):
-            second = value.elements[-1].value if len(value.elements) == 2 else None
-            if not (isinstance(second, cst.Name) and second.value == "None"):
-                return "it returns a tuple other than the scanned (y, None)"
-        elif isinstance(value, (cst.IfExp, cst.BooleanOperation)):
-            return "a conditional return"
-    return None
 
 
 def _without_items(items: list, drop: Callable[[Any], bool]) -> list:
@@ -240,15 +260,14 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
         self.dotted_module = module  # the dotted name of the file being migrated, when it lies in a package
         self.sites: list[Site] = []
         self.params: list[tuple[int, set[str]]] = []  # (function id, parameter names) of the enclosing functions
-        self.classes: list[str] = []
-        self.layer_calls: list[str | None] = []  # per function: the decoder layer whose __call__ it is changing
+        self.classes, self.functions = [], []
 
     # -- functions: which KV names they take ------------------------------------------------------
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
+        self.enter(node)
 
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.classes.pop()
+        self.leave(original)
         return updated
 
     def _layer_class(self, node: cst.FunctionDef) -> str | None:
@@ -262,60 +281,15 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
         p = node.params
         names = {x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)}
         layer = self._layer_class(node)
-        attention_calls = self.counts.get(id(node), {}).get("attention", 0)
-        if layer is not None and self.target == "kv_return" and "kv_cache" not in names:
-            problem = _return_problem(node)
-            if problem is not None:
-                self._site(node, layer, "decoder_layer", "manual", f"{problem}: give the layer kv_cache by hand")
-                layer = None
-            elif attention_calls == 1:
-                names |= {"kv_cache", "attention_metadata"}  # added below: the attention call threads them
-            else:
-                why = f"its __call__ makes {attention_calls} attention calls (a helper, or several): thread by hand"
-                self._site(node, layer, "decoder_layer", "manual", why)
-                layer = None
-        elif layer is not None and (self.target != "legacy" or "kv_cache" not in names):
-            layer = None  # already in the target convention
+        takes_kv = "kv_cache" in names
+        if layer is not None and takes_kv != (self.target == "kv_return"):
+            self._site(node, layer, "decoder_layer", "manual", DEFINED_LAYER)
         self.params.append((id(node), names))
-        self.layer_calls.append(layer)
+        self.enter(node)
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         self.params.pop()
-        layer = self.layer_calls.pop()
-        if layer is None:
-            return updated
-        if self.target == "kv_return":
-            params = updated.params
-            extra = [cst.Param(cst.Name(n), default=cst.Name("None"), equal=_TIGHT) for n in KV_PARAMS]
-            if isinstance(params.star_arg, (cst.Param, cst.ParamStar)):  # after *args or *: keyword-only
-                new_params = params.with_changes(kwonly_params=[*params.kwonly_params, *extra])
-            else:
-                appended = _append_items(list(params.params), extra, updated.whitespace_before_params)
-                new_params = params.with_changes(params=appended)
-            self._site(original, layer, "decoder_layer", "rewritten", "takes kv_cache=/attention_metadata= and "
-                       "returns (y, kv_cache)")  # fmt: skip
-            return updated.with_changes(params=new_params)
-        params = updated.params
-        kept = _without_items(list(params.params), lambda p: p.name.value in KV_PARAMS)
-        kwonly = _without_items(list(params.kwonly_params), lambda p: p.name.value in KV_PARAMS)
-        self._site(original, layer, "decoder_layer", "rewritten", "takes no KV arguments and returns y")
-        return updated.with_changes(params=params.with_changes(params=kept, kwonly_params=kwonly))
-
-    def leave_Return(self, original: cst.Return, updated: cst.Return) -> cst.Return:
-        layer = self.layer_calls[-1] if self.layer_calls else None
-        if layer is None or updated.value is None:
-            return updated
-        value = updated.value
-        if self.target == "kv_return":
-            if isinstance(value, cst.Tuple):
-                return updated  # (y, None): a scanned layer's return (checked by _return_problem), the same in both
-            pair = cst.Tuple([cst.Element(value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                              cst.Element(cst.Name("kv_cache"))], lpar=[], rpar=[])  # fmt: skip
-            return updated.with_changes(value=pair)
-        if isinstance(value, cst.Tuple) and len(value.elements) == 2:
-            second = value.elements[1].value
-            if isinstance(second, cst.Name) and second.value == "kv_cache":
-                return updated.with_changes(value=value.elements[0].value)
+        self.leave(original)
         return updated
 
     def _threads(self, kind: Kind) -> bool | None:
@@ -370,11 +344,11 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
                            f"{kind} calls: thread each call's cache by hand")  # fmt: skip
                 return updated
             kv_name = KV_ARG[kind] if threads else "_"
-            value = self._with_kv_args(updated.value, kind) if threads else updated.value
+            value = self._with_kv_args(updated.value, kind, threads)
             elements = [*(cst.Element(n) for n in names), cst.Element(cst.Name(kv_name))]
             new_target = cst.Tuple(elements, lpar=[], rpar=[])
-            passes = f"; passes {KV_ARG[kind]}= and attention_metadata=" if threads else ""
-            change = f"unpacks (…, {kv_name}){passes}"
+            given = "" if threads else "None"
+            change = f"unpacks (…, {kv_name}); passes {KV_ARG[kind]}={given} and attention_metadata={given}"
             self._site(original, callee, kind, "rewritten", change)
             return updated.with_changes(targets=[cst.AssignTarget(new_target)], value=value)
         # legacy
@@ -385,9 +359,13 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
             self._site(original, callee, kind, "manual", f"unpacks {len(names)} values")
             return updated
         last = names[-1]
-        stripping = bool(self.layer_calls and self.layer_calls[-1]) and KV_ARG[kind] == "kv_cache"
-        if not (isinstance(last, cst.Name) and (last.value == "_" or (stripping and last.value == "kv_cache"))):
+        if not (isinstance(last, cst.Name) and last.value == "_"):
             self._site(original, callee, kind, "manual", "the KV result is used (legacy code has no KV cache)")
+            return updated
+        passed = self._kv_values(original.value, kind)
+        if passed:
+            self._site(original, callee, kind, "manual", f"passes {', '.join(passed)} (a legacy call cannot write a "
+                       "KV cache)")  # fmt: skip
             return updated
         keep = names[:-1]
         new_target = keep[0] if len(keep) == 1 else cst.Tuple([cst.Element(n) for n in keep], lpar=[], rpar=[])
@@ -407,17 +385,30 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
             return out
         return None
 
-    def _with_kv_args(self, call: cst.BaseExpression, kind: Kind) -> cst.BaseExpression:
+    def _with_kv_args(self, call: cst.BaseExpression, kind: Kind, threads: bool) -> cst.BaseExpression:
+        """`call` naming its KV arguments: the enclosing function's own (threads) or None."""
         assert isinstance(call, cst.Call)
         named = {a.keyword.value for a in call.args if a.keyword is not None}
         extra = [
-            cst.Arg(cst.Name(name), keyword=cst.Name(name), equal=_TIGHT)
+            cst.Arg(cst.Name(name if threads else "None"), keyword=cst.Name(name), equal=_TIGHT)
             for name in (KV_ARG[kind], "attention_metadata")
             if name not in named
         ]
         if not extra:
             return call
         return call.with_changes(args=_append_items(list(call.args), extra, call.whitespace_before_args))
+
+    def _kv_values(self, call: cst.BaseExpression, kind: Kind) -> list[str]:
+        """The KV arguments `call` passes a value other than None (`name=value`, as written)."""
+        assert isinstance(call, cst.Call)
+        names = {KV_ARG[kind], "attention_metadata"}
+        return [
+            f"{a.keyword.value}={cst.Module([]).code_for_node(a.value)}"
+            for a in call.args
+            if a.keyword is not None
+            and a.keyword.value in names
+            and not (isinstance(a.value, cst.Name) and a.value.value == "None")
+        ]
 
     def _without_kv_args(self, call: cst.BaseExpression, kind: Kind) -> cst.BaseExpression:
         assert isinstance(call, cst.Call)

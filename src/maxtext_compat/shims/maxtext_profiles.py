@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from maxtext_compat.adapters.signature import CLASS_KINDS, advertised_signature, native_signature
+from maxtext_compat.backport.call import inner_call
 from maxtext_compat.backport.session import current
 from maxtext_compat.matrix import MaxTextRow
 
@@ -57,10 +58,7 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
                 return call(*args, **kwargs)
             session = current()
             if session is not None and session.route:
-                # A call MaxText makes inside a backported step: the old convention, attention in train mode
-                # so MaxText's own KV-cache variables are skipped (0.2.x skips them the same way).
-                extra = {"model_mode": TRAIN} if kind == "attention" else {}
-                return call(*args, **{**kwargs, **extra})
+                return inner_call(kind, call, args, kwargs, where)
 
             def native_call(m: Any, **kw: Any) -> Any:
                 return call(**kw)

@@ -57,6 +57,7 @@ class RunSpec:
     num_pages: int = 16
     page_size: int = 16
     buckets: tuple[int, int, int] = (48, 4, 2)  # max_num_tokens (prefill and decode), max_num_seqs, pages_per_seq
+    profile: str | None = None  # a shim profile installed before the models are built (e.g. "vllm-backport")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -109,6 +110,10 @@ def build(spec: RunSpec) -> tuple[Any, Any]:
     from maxtext_compat.testing import tiny
     from maxtext_compat.weights import export_params, load_npz, load_params, save_params
 
+    if spec.profile is not None:
+        from maxtext_compat import shims
+
+        shims.install(spec.profile)
     row = tiny.installed_row()
     native = row.has_kv_params
     overrides = dict(spec.overrides)
@@ -174,8 +179,12 @@ def run(spec: RunSpec, model: Any = None, dense_model: Any = None) -> RunResult:
         for layer, cache in enumerate(paged.caches or []):
             for i in range(len(spec.prompts)):
                 kv[(layer, i)] = read_kv(cache, paged.layout, paged.pages[i], paged.kv_len(i))
+    from maxtext_compat import shims
+
     row = tiny.installed_row()
-    meta = {"release": row.name, "native": row.has_kv_params, "tp": spec.tp}
+    package = sys.modules.get(row.import_root)
+    meta = {"release": row.name, "native": row.has_kv_params, "tp": spec.tp, "profiles": shims.active_profiles(),
+            "maxtext_file": getattr(package, "__file__", None)}  # fmt: skip
     if paged is not None:
         meta["layout"] = paged.layout.describe()
     return RunResult(paged, dense, kv, meta)
@@ -297,9 +306,17 @@ def missing_env(env: str) -> str | None:
 
 
 def start_in_env(
-    env: str, specs: list[RunSpec], *, timeout: float = 900.0, workdir: str | Path | None = None
+    env: str,
+    specs: list[RunSpec],
+    *,
+    timeout: float = 900.0,
+    workdir: str | Path | None = None,
+    import_first: str | Path | None = None,
 ) -> PendingRun:
-    """Start `specs` in matrix environment `env` (its bin/python, one process) and return at once."""
+    """Start `specs` in matrix environment `env` (its bin/python, one process) and return at once.
+
+    import_first: a directory put ahead of the environment's packages (a migrated copy of MaxText).
+    """
     from maxtext_compat.envs import env_python
 
     python = env_python(env)
@@ -316,6 +333,8 @@ def start_in_env(
     outs = [work / f"result_{k}.npz" for k in range(len(specs))]
     spec_path.write_text(json.dumps([json.loads(s.to_json()) for s in specs]))
     child_env = {**os.environ, **CPU_ENV, "MAXTEXT_COMPAT_ENV": env}
+    if import_first is not None:
+        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(import_first), os.environ.get("PYTHONPATH")) if p)
     with open(log, "w") as f:
         process = subprocess.Popen(
             [str(python), "-m", "maxtext_compat.testing.crossrun", str(spec_path), *map(str, outs)],
