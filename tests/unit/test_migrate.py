@@ -518,6 +518,29 @@ def test_a_single_line_call_stays_on_one_line():
     )
 
 
+@pytest.mark.parametrize(
+    ("source", "module", "may"),
+    [
+        ("from MaxText.layers.attentions import Attention\n", "pkg.m", True),
+        ("from MaxText.layers import attentions as a\n", None, True),
+        ("import maxtext.layers.decoders\n", None, True),
+        ("import MaxText\n", None, True),
+        ("from MaxText.layers.attentions import *\n", None, True),
+        ("from . import attentions\n", "MaxText.layers.llama2", True),  # relative, inside MaxText's package
+        ("from ..layers import decoders\n", "MaxText.models.x", True),
+        ("class LlamaDecoderLayer: ...\n", "MaxText.layers.llama2", True),  # defines a listed class
+        ("from MaxText import max_utils\nAttention = 1\n", None, False),  # the word, but no path to a layer
+        ("from maxtext.layers.attentions import attention_op_helper\n", None, False),
+        ("from . import attentions\n", "mypkg.layers.x", False),
+        ("# Attention, Decoder and Transformer\n", None, False),
+    ],
+)
+def test_only_files_that_can_reach_a_layer_are_parsed_by_libcst(source, module, may):
+    import ast
+
+    assert files.may_name_a_layer(ast.parse(source), module, CALLEES) is may
+
+
 def test_module_names_come_from_the_package_layout(tmp_path):
     (tmp_path / "MaxText" / "layers").mkdir(parents=True)
     (tmp_path / "MaxText" / "__init__.py").write_text("")

@@ -7,6 +7,7 @@ next to `MLA`) builds the same kind of layer, so it is recognised by that naming
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +38,16 @@ class Callees:
     def short_names(self) -> frozenset[str]:
         """The last part of every name: a file that contains none of them cannot name a MaxText layer."""
         return frozenset(name.rsplit(".", 1)[-1] for name in self.kinds)
+
+    @functools.cached_property
+    def prefixes(self) -> frozenset[str]:
+        """Every dotted prefix of every name (`MaxText`, `MaxText.layers`, ... the name itself)."""
+        parts = (name.split(".") for name in self.kinds)
+        return frozenset(".".join(p[:i]) for p in parts for i in range(1, len(p) + 1))
+
+    def may_lead_to(self, qualified: str) -> bool:
+        """Whether a name bound to `qualified` (an imported module or object) can reach one of the classes."""
+        return qualified in self.prefixes or any(qualified.startswith(f"{name}.") for name in self.kinds)
 
 
 def _snake(name: str) -> str:

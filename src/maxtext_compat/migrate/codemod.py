@@ -211,10 +211,14 @@ class _Counts(_ScopedVisitor):
         self.bound = instances.bound
         self.classes, self.functions = [], []
         self.counts: dict[int, dict[str, int]] = {}
+        self.calls = 0  # every call site, in a function or not
 
     def visit_Call(self, node: cst.Call) -> None:
         found = self.callee_of(node)
-        if found is not None and self.functions:
+        if found is None:
+            return
+        self.calls += 1
+        if self.functions:
             per = self.counts.setdefault(self.functions[-1], {})
             per[found[1]] = per.get(found[1], 0) + 1
 
@@ -454,6 +458,9 @@ def migrate_source(code: str, callees: Callees, target: Target, module: str | No
     wrapper.visit(instances)
     counts = _Counts(instances)
     wrapper.visit(counts)
+    defines = module is not None and any(name.startswith(f"{module}.") for name in callees.kinds)
+    if not counts.calls and not defines:
+        return Result(code)  # nothing to rewrite or list: the rewriting pass (the slowest) is not needed
     rewriter = _Rewriter(instances, counts, target, module)
     new = wrapper.visit(rewriter)
     sites = sorted(rewriter.sites, key=lambda s: (s.line, s.column))
