@@ -27,7 +27,6 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
-from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat import shims  # noqa: E402
 from maxtext_compat.convention import set_caller_convention  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
@@ -275,6 +274,8 @@ def _partner_fixed_digest(env):
 
 @pytest.fixture(scope="module")
 def written_for(tmp_path_factory):
+    from helpers.partner_env import require_env  # here: era_partner.py imports this module without conftest
+
     require_env(WRITTEN_FOR[FOREIGN_ERA])
     runs = _WrittenFor(tmp_path_factory.mktemp("written_for"))
     yield runs

@@ -16,6 +16,8 @@ import pytest
 from maxtext_compat.backport.call import inner_call, new_shape
 from maxtext_compat.backport.session import BackportError
 
+pytestmark = pytest.mark.envs("unit")  # plain Python with fake calls: once per matrix run is enough
+
 OUT = object()  # stands for an output array: identity shows it is returned untouched
 
 

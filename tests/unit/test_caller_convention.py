@@ -17,6 +17,8 @@ from maxtext_compat import doctor
 from maxtext_compat.errors import InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import load_matrix
 
+pytestmark = pytest.mark.envs("unit")  # plain Python (the declaration layer): once per matrix run is enough
+
 
 @pytest.fixture
 def row():

@@ -19,6 +19,8 @@ from maxtext_compat.migrate import files  # noqa: E402
 from maxtext_compat.migrate.callees import from_matrix  # noqa: E402
 from maxtext_compat.migrate.codemod import migrate_source  # noqa: E402
 
+pytestmark = pytest.mark.envs("unit")  # the codemod reads the shipped matrix, not the installed release: once per run
+
 CALLEES = from_matrix()
 
 

@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from maxtext_compat.migrate.callees import from_matrix
 from maxtext_compat.migrate.codemod import migrate_source
 
+pytestmark = pytest.mark.envs("unit")  # the codemod reads the shipped matrix, not the installed release: once per run
+
 CALLEES = from_matrix()
 IMPORTS = (
     "from MaxText.layers.attentions import Attention as Attn\n"

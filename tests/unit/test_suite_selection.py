@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.envs("unit")  # tests the suite's own conftest in pytester: once per matrix run is enough
+
 REPO = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
