@@ -45,6 +45,10 @@ class Callees:
         parts = (name.split(".") for name in self.kinds)
         return frozenset(".".join(p[:i]) for p in parts for i in range(1, len(p) + 1))
 
+    def defined_in(self, module: str | None) -> bool:
+        """Whether module `module` (a dotted name, None outside a package) defines one of the classes."""
+        return module is not None and any(name.startswith(f"{module}.") for name in self.kinds)
+
     def may_lead_to(self, qualified: str) -> bool:
         """Whether a name bound to `qualified` (an imported module or object) can reach one of the classes."""
         return qualified in self.prefixes or any(qualified.startswith(f"{name}.") for name in self.kinds)

@@ -458,8 +458,7 @@ def migrate_source(code: str, callees: Callees, target: Target, module: str | No
     wrapper.visit(instances)
     counts = _Counts(instances)
     wrapper.visit(counts)
-    defines = module is not None and any(name.startswith(f"{module}.") for name in callees.kinds)
-    if not counts.calls and not defines:
+    if not counts.calls and not callees.defined_in(module):
         return Result(code)  # nothing to rewrite or list: the rewriting pass (the slowest) is not needed
     rewriter = _Rewriter(instances, counts, target, module)
     new = wrapper.visit(rewriter)

@@ -90,7 +90,7 @@ def may_name_a_layer(tree: ast.Module, module: str | None, callees: Callees) -> 
     class being defined here; a file with neither holds no site, whatever words its text contains. The
     same rule libcst's qualified names follow, read from Python's own parser in a fraction of the time.
     """
-    if module is not None and any(name.startswith(f"{module}.") for name in callees.kinds):
+    if callees.defined_in(module):
         return True
     package = module.rpartition(".")[0] if module else ""
     for node in ast.walk(tree):
