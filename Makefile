@@ -41,6 +41,7 @@ envs: setup
 lint: setup
 	$(DEV)/bin/ruff check src tests benchmarks tools
 	$(DEV)/bin/ruff format --check src tests benchmarks tools
+	$(DEV)/bin/mypy
 
 demo: envs
 	@for env in $$($(MC) envs --json | $(DEV)/bin/python -c 'import json,sys; print(" ".join(e["name"] for e in json.load(sys.stdin) if e["maxtext"]))'); do \

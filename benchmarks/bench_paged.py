@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from maxtext_compat.rpa import installed_rpa
+    from maxtext_compat.installed_kernel import installed_rpa
     from maxtext_compat.shims import cpu_rpa
 
     status = cpu_rpa.install()

@@ -39,10 +39,10 @@ EXTENDED_ENV = "MAXTEXT_COMPAT_EXTENDED"
 @functools.cache  # one resolve per session, not one per marked test
 def _release_has_a_shim_profile() -> bool:
     """Whether the installed MaxText gets a shim profile by default (0.2.0/0.2.1 need none)."""
-    from maxtext_compat import resolve
+    from maxtext_compat.installed import installed_resolution
     from maxtext_compat.shims import maxtext_profiles
 
-    return HAS_MAXTEXT and maxtext_profiles.choose(resolve(probe=False)) is not None
+    return HAS_MAXTEXT and maxtext_profiles.choose(installed_resolution().resolution) is not None
 
 
 @functools.cache

@@ -117,7 +117,7 @@ def _mesh(cfg: Any, vllm: bool) -> Any:
 
 
 def _ensure_kernel() -> None:
-    from maxtext_compat.rpa import installed_rpa
+    from maxtext_compat.installed_kernel import installed_rpa
     from maxtext_compat.shims import cpu_rpa
 
     installed_rpa()  # typed error when tpu-inference is missing
@@ -128,7 +128,7 @@ def serving(progress: Progress, steps: int) -> dict[str, Any]:
     """Ragged prefill + `steps` greedy decode steps through the paged cache vs a dense decode."""
     import numpy as np
 
-    from maxtext_compat.engine import PagedEngine, compare, dense_greedy, dense_twin, format_table
+    from maxtext_compat.engine import PagedEngine, compare, dense_greedy, format_table
     from maxtext_compat.testing import tiny
 
     _ensure_kernel()
@@ -138,7 +138,7 @@ def serving(progress: Progress, steps: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
     model = tiny.tiny_transformer(cfg, mesh, model_mode="autoregressive" if row.has_kv_params else None)
-    dense_model = dense_twin(model, tiny.tiny_config("default")) if row.has_kv_params else model
+    dense_model = tiny.dense_twin(model, tiny.tiny_config("default")) if row.has_kv_params else model
     with progress.stage(f"paged path: compile + ragged prefill + {steps} decode steps (RPA kernel)"):
         paged_run = PagedEngine(model, num_pages=PAGES, page_size=PAGE).generate(prompts, steps)
     with progress.stage(f"dense path: {steps + 1} full recomputes"):

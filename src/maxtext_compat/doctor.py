@@ -76,7 +76,7 @@ def _traced_before_install() -> dict[str, list[str]]:
 
 def _caller_convention(res: Resolution | None) -> dict[str, Any]:
     """The caller convention in force outside any wrap(), where it came from, and what it overrides."""
-    from maxtext_compat import convention as callers
+    from maxtext_compat.convention import declared as callers
 
     try:
         found = callers.layers(None if res is None else res.maxtext)
@@ -152,7 +152,7 @@ def _would_skip(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
 
 
 def side_effects() -> dict[str, Any]:
-    """MaxText import side effects visible in this process (design note 7), without importing it."""
+    """MaxText import side effects visible in this process (XLA_FLAGS, jax patches, files), without importing it."""
     flags = os.environ.get("XLA_FLAGS", "")
     termination_log = Path("/dev/termination-log")
     lax_patched = None

@@ -6,6 +6,9 @@ found, and how to fix it, so a user never has to read our source to recover.
 
 from __future__ import annotations
 
+import sys
+import types
+import warnings
 from typing import Any
 
 
@@ -156,3 +159,49 @@ class WeightsMismatchError(CompatError, ValueError):
         self.extra = list(extra or [])
         self.mismatched = list(mismatched or [])
         super().__init__(message, **kw)
+
+
+class ConventionMismatchError(CompatError, TypeError):
+    """A call contradicts the declared caller convention (e.g. names kv_cache= under `legacy`)."""
+
+
+class BackportError(CompatError, RuntimeError):
+    """The backported vLLM path cannot run this call (e.g. a scanned stack)."""
+
+
+class CrossRunError(CompatError, RuntimeError):
+    """A run in another environment failed or produced no result."""
+
+
+class OldConventionError(CompatError, RuntimeError):
+    """An old-convention call under policy `error`, or past the matrix's `ends_in` release."""
+
+
+class KVCacheNotUpdatedError(CompatError, RuntimeError):
+    """Strict mode: a new call returned no KV cache, or returned it untouched after a step that writes it."""
+
+
+# --- warnings at the user's line ------------------------------------------------------------
+
+_INTERNAL = ("maxtext_compat.", "flax.", "jax.", "jax._src", "contextlib", "functools")
+
+
+def user_frame() -> types.FrameType:
+    """The first frame outside maxtext-compat, flax and jax: the user's line that made the call."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(_INTERNAL) and name not in ("maxtext_compat", "flax", "jax"):
+            return frame
+        frame = frame.f_back
+    return frame
+
+
+def warn_at_call_site(message: str, category: type[Warning]) -> None:
+    """Warn at the user's line (the first frame outside maxtext-compat, flax and jax), once per line."""
+    frame = user_frame()
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message, category, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__"),
+        registry=registry,
+    )  # fmt: skip

@@ -131,6 +131,7 @@ def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> 
     if info is None:
         return None, "absent"
     commit = (info.commit or "").lower()
+    short = commit[:12]
     if commit and not _COMMIT.fullmatch(commit):
         notes.append(f"maxtext direct_url.json names commit {info.commit!r}, which is no git commit id: ignored")
     elif commit:
@@ -139,9 +140,9 @@ def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> 
                 continue
             c = row.source_commit.lower()
             if commit.startswith(c) or c.startswith(commit):
-                notes.append(f"maxtext installed from commit {info.commit[:12]}: matched row {row.name} by commit")
+                notes.append(f"maxtext installed from commit {short}: matched row {row.name} by commit")
                 return row, "commit"
-        notes.append(f"maxtext installed from commit {info.commit[:12]}, which no row lists: matching its version")
+        notes.append(f"maxtext installed from commit {short}, which no row lists: matching its version")
     v = info.parsed
     if v is None:
         raise ResolutionError(
@@ -203,7 +204,8 @@ def _match_tpu_inference(
             notes.append(msg)
         return found, "exact"
     rows = sorted(m.tpu_inference, key=_row_floor)
-    below = [r for r in rows if _row_floor(r) <= m.comparable("tpu_inference", v)]
+    at = m.comparable("tpu_inference", v) or v
+    below = [r for r in rows if _row_floor(r) <= at]
     nearest = below[-1] if below else rows[0]
     msg = f"tpu-inference {info.version} is not covered by {m.source}; using the nearest row {nearest.versions}"
     warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
@@ -230,10 +232,10 @@ def _check_pairs(
     m: CompatMatrix, infos: Mapping[str, DistInfo], row: MaxTextRow | None, tpi: TpuInferenceRow | None
 ) -> None:
     tpi_info = infos.get("tpu_inference")
-    checkable = row is not None and row.tpu_inference is not None and tpi_info is not None
-    if checkable and tpi_info.parsed not in (None, Version("0.0.0")):
-        assert row is not None and row.tpu_inference is not None
-        if not row.tpu_inference.contains(m.comparable("tpu_inference", tpi_info.version), prereleases=True):
+    wanted = None if row is None else row.tpu_inference
+    if row is not None and wanted is not None and tpi_info is not None and tpi_info.parsed is not None:
+        found = m.comparable("tpu_inference", tpi_info.version)
+        if tpi_info.parsed != Version("0.0.0") and found is not None and not wanted.contains(found, prereleases=True):
             raise IncompatibleVersionsError(
                 f"maxtext {row.name} and tpu-inference {tpi_info.version} are incompatible "
                 f"(maxtext {row.name} needs tpu-inference {row.tpu_inference})",
@@ -289,7 +291,7 @@ def _nearest_pairs(m: CompatMatrix, row: MaxTextRow, tpi_version: Version) -> st
     if fitting:
         best = min(fitting, key=lambda v: _distance(v, tpi_version))
         options.append(f"maxtext {row.name} + tpu-inference {best}")
-    tpi_cmp = m.comparable("tpu_inference", tpi_version)
+    tpi_cmp = m.comparable("tpu_inference", tpi_version) or tpi_version
     rows = [r for r in m.maxtext if r.tpu_inference is not None and r.tpu_inference.contains(tpi_cmp)]
     rows = [r for r in rows if r.has_kv_params]  # a native vLLM path, like the row asked for
     if rows:

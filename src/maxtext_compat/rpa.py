@@ -18,8 +18,6 @@ Importing this module imports neither jax nor tpu-inference; the first call does
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,8 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
-from maxtext_compat.errors import CompatError, KernelUnavailableError
-from maxtext_compat.matrix import CompatMatrix, TpuInferenceRow, load_matrix
+from maxtext_compat.errors import KernelUnavailableError
+from maxtext_compat.installed_kernel import (
+    entry_point,
+    first_release_with,
+    installed_rpa,
+    row_label,
+)
+from maxtext_compat.matrix import TpuInferenceRow
 from maxtext_compat.paged.metadata import metadata_arrays
 
 if TYPE_CHECKING:
@@ -57,122 +61,6 @@ USER_NAMES = {"attention_chunk_size": "sliding_window", "attn_logits_soft_cap": 
 
 
 # --------------------------------------------------------------------------------------------
-# Which release, which row
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class InstalledRpa:
-    version: str
-    row: TpuInferenceRow
-
-    @property
-    def label(self) -> str:
-        return f"tpu-inference {self.version}"
-
-
-def install_hint(m: CompatMatrix, maxtext: str | None) -> str:
-    """The pip command for the newest tpu-inference the installed MaxText release works with.
-
-    Why per release: MaxText 0.2.0/0.2.1 need tpu-inference < 0.20 (jax 0.9.2); telling their
-    users to install the newest vllm-tpu would hand them an incompatible pair.
-    """
-    wanted = None
-    if maxtext is not None:
-        try:
-            wanted = m.row(maxtext).tpu_inference
-        except CompatError:  # an unlisted release: any listed tpu-inference is a fair hint
-            wanted = None
-    releases = [rel for r in m.tpu_inference for rel in r.releases.values() if rel.vllm_tpu]
-    fitting = [rel for rel in releases if wanted is None or wanted.contains(rel.version, prereleases=True)]
-    if not fitting:
-        return "install tpu-inference with the vllm-tpu release that pins it (see compat_matrix.yaml)"
-    best = max(fitting, key=lambda rel: Version(rel.version))
-    who = f"the newest MaxText {maxtext} works with; " if wanted is not None else ""
-    return f"pip install vllm-tpu=={best.vllm_tpu} (pins tpu-inference {best.version}, {who}it needs jax {best.jax})"
-
-
-@functools.lru_cache(maxsize=1)
-def installed_rpa() -> InstalledRpa:
-    """The installed tpu-inference and its matrix row (read from package metadata, no import)."""
-    from maxtext_compat.versions import installed_versions
-
-    versions = installed_versions()
-    info = versions.get("tpu_inference")
-    if info is None:
-        mt = versions.get("maxtext")
-        raise KernelUnavailableError(
-            "tpu-inference is not installed, so there is no ragged paged attention kernel",
-            argument="tpu_inference",
-            expected="an installed tpu-inference listed in compat_matrix.yaml",
-            fix=install_hint(load_matrix(), None if mt is None else mt.version),
-        )
-    m = load_matrix()
-    row = m.tpu_inference_row(info.version)
-    if row is None:
-        raise KernelUnavailableError(
-            "the installed tpu-inference is not covered by the compat matrix",
-            argument="tpu_inference",
-            expected=f"one of {[str(r.versions) for r in m.tpu_inference]}",
-            found=info.version,
-            fix="install a listed release, or add a row to compat_matrix.yaml (MAXTEXT_COMPAT_MATRIX)",
-        )
-    return InstalledRpa(info.version, row)
-
-
-def _label(row: TpuInferenceRow) -> str:
-    return f"tpu-inference {row.versions}"
-
-
-def first_release_with(name: str, matrix: CompatMatrix | None = None) -> str | None:
-    """The oldest tpu-inference release whose RPA entry point takes parameter `name`."""
-    m = matrix if matrix is not None else load_matrix()
-    found = [
-        Version(v)
-        for r in m.tpu_inference
-        if name in (*r.rpa.params, *r.rpa.factory_params, *r.rpa.optional_kwargs)
-        for v in r.releases
-    ]
-    return str(min(found)) if found else None
-
-
-def entry_point(row: TpuInferenceRow) -> Callable[..., Any]:
-    """Import the row's `sharded_ragged_paged_attention` (imports tpu-inference, vllm, torch)."""
-    try:
-        module = importlib.import_module(row.rpa.module)
-    except ImportError as exc:
-        raise KernelUnavailableError(
-            f"cannot import the RPA module the matrix names: {exc}",
-            argument="tpu_inference",
-            expected=f"{row.rpa.module} ({_label(row)})",
-            fix="install vllm-tpu with its tpu-inference (the module imports vllm and torch)",
-        ) from exc
-    fn = getattr(module, row.rpa.function, None)
-    if fn is None:
-        raise KernelUnavailableError(
-            "the RPA entry point the matrix names is missing",
-            argument="tpu_inference",
-            expected=f"{row.rpa.module}.{row.rpa.function}",
-            fix="fix the row in compat_matrix.yaml",
-        )
-    return fn
-
-
-def attention_metadata_class(row: TpuInferenceRow | None = None) -> type:
-    """tpu-inference's AttentionMetadata class for the installed (or given) release."""
-    r = row if row is not None else installed_rpa().row
-    try:
-        return getattr(importlib.import_module(r.metadata.module), r.metadata.cls)
-    except (ImportError, AttributeError) as exc:
-        raise KernelUnavailableError(
-            f"cannot load tpu-inference's AttentionMetadata: {exc}",
-            argument="tpu_inference",
-            expected=f"{r.metadata.module}:{r.metadata.cls}",
-            fix="install vllm-tpu with its tpu-inference",
-        ) from exc
-
-
-# --------------------------------------------------------------------------------------------
 # The call a row wants (pure python: unit-tested against a fake entry point for every row)
 # --------------------------------------------------------------------------------------------
 
@@ -191,7 +79,7 @@ class RpaCall:
 def check_features(row: TpuInferenceRow, values: Mapping[str, Any], *, label: str | None = None) -> None:
     """Typed error for a non-default feature value (sink, soft cap, ...) the release does not take."""
     rpa = row.rpa
-    label = label or _label(row)
+    label = label or row_label(row)
     takes = {*rpa.factory_params, *rpa.params, *rpa.optional_kwargs}
     for name, default in DEFAULTS.items():
         value = values.get(name, default)
@@ -311,7 +199,6 @@ def _check_replicated_heads(layout: Any, tp: int, *, interpret: bool) -> None:
     call); on 0.10.0, 0.10.2 and 0.11.0 the Pallas TPU interpreter (CPU) deadlocks in the kernel; 0.11.2
     runs it. A refusal instead of a hang."""
     import jax
-    from packaging.version import Version
 
     version = Version(jax.__version__)
     if version < Version("0.10"):
@@ -364,7 +251,7 @@ def ragged_paged_attention(
         found = installed_rpa()
         row, label = found.row, found.label
     else:
-        label = _label(row)
+        label = row_label(row)
     from maxtext_compat.paged.metadata import RaggedMetadata, source_of
 
     kv_lens, page_indices, cu_q_lens, distribution = metadata_arrays(metadata)

@@ -3,8 +3,8 @@
 Why a wrapper: serving MaxText through tpu-inference needs settings users forget
 (NEW_MODEL_DESIGN=1 for the mesh MaxText's config shards on; on a CPU host the TPU_* variables
 that stop metadata polling, SKIP_JAX_PRECOMPILE, virtual devices for TP), and a tiny model needs a
-model directory with config.json. Every vLLM flag is passed through unchanged, so the seed's
-command works as is (`maxtext-compat serve <model> --additional-config '{"maxtext_config":...}'`);
+model directory with config.json. Every vLLM flag is passed through unchanged, so the usual
+MaxText-on-vLLM command works as is (`maxtext-compat serve <model> --additional-config '{"maxtext_config":...}'`);
 ours are only `--tiny`, `--dry-run` and `--vllm-bin`, and our defaults never override a flag or
 variable the user set.
 
@@ -289,7 +289,7 @@ def build_command(
 
 def _check_switches(environ: Mapping[str, str]) -> None:
     """The switches the vLLM processes will read, checked here so a typo stops `serve` at once."""
-    from maxtext_compat.adapters.policy import STRICT_ENV
+    from maxtext_compat.convention.policy import STRICT_ENV
     from maxtext_compat.shims import cpu_serving
     from maxtext_compat.switches import parse_flag
     from maxtext_compat.vllm_plugin import MODEL_ENV, model_choice, new_model_design

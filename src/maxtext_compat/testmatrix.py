@@ -9,6 +9,7 @@ test, as failed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -312,7 +313,7 @@ def _run_parallel(
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while (name := gate.next()) is not None:  # waits until the next one's recorded peak fits
             future = pool.submit(one, name)
-            future.add_done_callback(lambda _f, n=name: gate.finished(n))
+            future.add_done_callback(functools.partial(_finished, gate, name))
             futures[name] = future
         done = {n: f.result() for n, f in futures.items()}
     return [done[n] for n in selected]
@@ -439,3 +440,7 @@ if __name__ == "__main__":  # pragma: no cover
     print(render_table(rs))
     print(closing_line(rs))
     sys.exit(main_exit_code(rs))
+
+
+def _finished(gate: Admission, name: str, _future: object) -> None:
+    gate.finished(name)

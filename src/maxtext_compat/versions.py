@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 
+from packaging.direct_url import DirectUrl, DirectUrlValidationError
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -105,22 +106,26 @@ def _read_dist(dist_name: str) -> DistInfo | None:
         return None
     commit = url = None
     editable = False
-    raw = dist.read_text("direct_url.json")
-    if raw:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            data = {}
-        if isinstance(data, dict):
-            url = data.get("url") if isinstance(data.get("url"), str) else None
-            vcs = data.get("vcs_info")
-            if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str):
-                commit = vcs["commit_id"]
-            d = data.get("dir_info")
-            editable = bool(isinstance(d, dict) and d.get("editable"))
-            if commit is None and url:
-                commit = _commit_from_archive_url(url)
+    direct = _direct_url(dist.read_text("direct_url.json"))
+    if direct is not None:
+        url = direct.url
+        if direct.vcs_info is not None:
+            commit = direct.vcs_info.commit_id
+        editable = bool(direct.dir_info is not None and direct.dir_info.editable)
+        if commit is None and url:
+            commit = _commit_from_archive_url(url)
     return DistInfo(dist.metadata["Name"] or dist_name, dist.version, commit, url, editable)
+
+
+def _direct_url(raw: str | None) -> DirectUrl | None:
+    """PEP 610 `direct_url.json`, read by packaging; unreadable or invalid means "not a direct install"."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return DirectUrl.from_dict(data) if isinstance(data, dict) else None
+    except (ValueError, DirectUrlValidationError):
+        return None
 
 
 def _commit_from_archive_url(url: str) -> str | None:

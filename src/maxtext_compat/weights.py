@@ -249,7 +249,7 @@ def unscan_params(
     axis = int(scan_axis if scan_axis is not None else getattr(config, "param_scan_axis", 1))
     want = num_layers if num_layers is not None else getattr(config, "num_decoder_layers", None)
     flat = flatten_params(params)
-    per_layer: dict[int, dict[str, Any]] = {}
+    per_layer: dict[tuple[int, int], dict[str, Any]] = {}
     rest: dict[str, Any] = {}
     remainder: dict[int, dict[str, Any]] = {}
     sizes: set[int] = set()
@@ -294,10 +294,10 @@ def unscan_params(
             j = int(m.group(1))
             block_size = max(block_size, j + 1)
             for b in range(n):
-                per_layer.setdefault((b, j), {})[SEP.join(parts[3:])] = _take(value, b, axis)  # type: ignore[index]
+                per_layer.setdefault((b, j), {})[SEP.join(parts[3:])] = _take(value, b, axis)
         else:
             for i in range(n):
-                per_layer.setdefault((i, 0), {})[SEP.join(parts[2:])] = _take(value, i, axis)  # type: ignore[index]
+                per_layer.setdefault((i, 0), {})[SEP.join(parts[2:])] = _take(value, i, axis)
     if len(sizes) > 1:
         raise InvalidArgumentError(
             "scanned parameters disagree on the number of layers along scan_axis",

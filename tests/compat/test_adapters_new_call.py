@@ -18,8 +18,14 @@ jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
 from maxtext_compat import paged  # noqa: E402
-from maxtext_compat.adapters import policy, wrap  # noqa: E402
-from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError, KernelUnavailableError  # noqa: E402
+from maxtext_compat.adapters import wrap  # noqa: E402
+from maxtext_compat.convention import policy  # noqa: E402
+from maxtext_compat.errors import (  # noqa: E402
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    KernelUnavailableError,
+    KVCacheNotUpdatedError,
+)
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -175,7 +181,7 @@ def test_backport_attention_matches_the_layers_own_train_mode_attention(vllm_mod
 
 @pytest.mark.envs("maxtext-0.1.0-jax011")
 def test_backport_refuses_a_scanned_stack_with_the_fix():
-    from maxtext_compat.backport.session import BackportError
+    from maxtext_compat.errors import BackportError
 
     cfg = tiny.tiny_config("default", scan_layers=True)
     mesh = tiny.tiny_mesh(cfg)
@@ -319,7 +325,7 @@ def test_strict_mode_catches_the_scanned_llama_layer_dropping_the_cache(shim):
     with tiny.mesh_context(cfg, mesh):
         _y, kv = nnx.jit(run)(layer)  # not strict: MaxText's own (silently wrong) answer
         assert kv is None
-        with policy.strict_mode(), pytest.raises(policy.KVCacheNotUpdatedError) as e:
+        with policy.strict_mode(), pytest.raises(KVCacheNotUpdatedError) as e:
             nnx.jit(run)(layer)
     assert "no KV cache" in str(e.value) and "scan-kv-carry-missing" in str(e.value)
 
@@ -337,7 +343,7 @@ def test_strict_mode_catches_a_cache_returned_unchanged_in_each_family(vllm_mode
 
         replace_returned_cache(ROW.classes["attention"].load(), mocker, lambda given: given)
     else:
-        from maxtext_compat.backport import attention as backport_attention
+        from maxtext_compat.convention.backport import attention as backport_attention
 
         def skip_write(session, op, query, key, value, sinks=None):
             _, cache = session.take()
@@ -345,7 +351,7 @@ def test_strict_mode_catches_a_cache_returned_unchanged_in_each_family(vllm_mode
             return query
 
         mocker.patch.object(backport_attention, "attend", skip_write)
-        mocker.patch("maxtext_compat.backport.hooks.attend", skip_write)
-    with tiny.mesh_context(cfg, mesh), policy.strict_mode(), pytest.raises(policy.KVCacheNotUpdatedError) as e:
+        mocker.patch("maxtext_compat.convention.backport.hooks.attend", skip_write)
+    with tiny.mesh_context(cfg, mesh), policy.strict_mode(), pytest.raises(KVCacheNotUpdatedError) as e:
         nnx.jit(_transformer_step)(model, step.tokens, step.pos, list(step.caches), step.attention_metadata)
     assert "unchanged for layer 0" in str(e.value)

@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.envs("maxtext-0.1.0-jax011"), pytest.mark.needs_maxtex
 np = pytest.importorskip("numpy")  # the unit env has neither numpy nor jax
 jax = pytest.importorskip("jax")
 
-from maxtext_compat.backport.serving_params import fit_params, params_tree  # noqa: E402
 from maxtext_compat.errors import ServingConfigError, WeightsUnavailableError  # noqa: E402
+from maxtext_compat.serving.backport_params import fit_params, params_tree  # noqa: E402
 
 PROMPTS: tuple[list[int], ...] = ([1, 5, 7, 9, 11, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 STEPS = 6
@@ -62,7 +62,7 @@ def backend() -> Iterator[Any]:
     import tpu_inference  # noqa: F401 - before MaxText (TensorFlow's protobuf aborts tpu_info's forked probe)
 
     from maxtext_compat import shims
-    from maxtext_compat.backport.serving import PROFILE, BackportServingBackend
+    from maxtext_compat.serving.backport import PROFILE, BackportServingBackend
     from maxtext_compat.shims import cpu_rpa
     from maxtext_compat.testing.tiny import installed_row
 

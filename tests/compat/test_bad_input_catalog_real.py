@@ -267,7 +267,7 @@ def _drop_every_cache(row: Any, mocker: Any) -> None:
 
         replace_returned_cache(row.classes["attention"].load(), mocker, lambda given: None)
         return
-    from maxtext_compat.backport import attention as backport_attention
+    from maxtext_compat.convention.backport import attention as backport_attention
 
     def drop_backport(session, op, query, key, value, sinks=None):  # the backport (0.1.0)
         session.take()
@@ -275,7 +275,7 @@ def _drop_every_cache(row: Any, mocker: Any) -> None:
         return query
 
     mocker.patch.object(backport_attention, "attend", drop_backport)
-    mocker.patch("maxtext_compat.backport.hooks.attend", drop_backport)
+    mocker.patch("maxtext_compat.convention.backport.hooks.attend", drop_backport)
 
 
 @pytest.mark.parametrize("family", ["default", "qwen3", "gemma3"])
@@ -285,7 +285,8 @@ def test_strict_mode_catches_a_dropped_cache_in_each_family(family, mocker):
     import numpy as np
     from jax.sharding import Mesh
 
-    from maxtext_compat.adapters import policy, wrap
+    from maxtext_compat.adapters import wrap
+    from maxtext_compat.convention import policy
     from maxtext_compat.shims import cpu_rpa
     from maxtext_compat.testing import tiny
 

@@ -186,7 +186,7 @@ def test_transformer_new_call_is_a_tuple_or_a_typed_refusal(transformer):
             assert e.value.argument == "config.attention" and "dot_product" in str(e.value)
             return
         hidden, kv = _fwd(wrap(model), *args, {"kv_caches": None, "attention_metadata": None})
-        from maxtext_compat.adapters.returns import logits_from_hidden
+        from maxtext_compat.convention.returns import logits_from_hidden
 
         logits = logits_from_hidden(model, hidden)
     assert kv is None

@@ -18,8 +18,9 @@ jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 nn = pytest.importorskip("flax.linen")
 
-from maxtext_compat import convention as callers  # noqa: E402
 from maxtext_compat.adapters import wrap  # noqa: E402
+from maxtext_compat.convention import declared as callers  # noqa: E402
+from maxtext_compat.errors import ConventionMismatchError  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -179,7 +180,7 @@ def test_legacy_attention_returns_bare_and_refuses_a_new_call(attention_run, jit
     out = run(legacy, jit=jit)
     assert isinstance(out, jax.Array)
     _equal(out, native(jit))
-    with pytest.raises(callers.ConventionMismatchError) as e:
+    with pytest.raises(ConventionMismatchError) as e:
         run(legacy, NONES, jit=jit)
     assert e.value.argument == "kv_cache / attention_metadata" and "wrap(convention=)" in str(e.value)
 
@@ -194,7 +195,7 @@ def test_legacy_decoder_layer_returns_bare_y(family):
 
 def test_legacy_decoder_layer_refuses_kv_cache_none():
     cfg = tiny.tiny_config("default")
-    with pytest.raises(callers.ConventionMismatchError):
+    with pytest.raises(ConventionMismatchError):
         _run_layer("default", cfg, tiny.tiny_mesh(cfg), "legacy", NONES)
 
 
@@ -304,7 +305,7 @@ def test_install_with_a_convention_puts_the_rule_into_maxtexts_own_classes(atten
         assert isinstance(out, jax.Array)
         _equal(out, want)
         _equal(run(wrap(attn)), want)  # an adapter over the shimmed class: the rule is applied once
-        with pytest.raises(callers.ConventionMismatchError, match=r"shims\.install"):
+        with pytest.raises(ConventionMismatchError, match=r"shims\.install"):
             run(attn, NONES)
         text = doctor.render(doctor.collect())
         assert "caller convention: legacy (from shims.install(" in text

@@ -24,7 +24,6 @@ from maxtext_compat.engine import (  # noqa: E402
     PagedEngine,
     compare,
     dense_greedy,
-    dense_twin,
     format_table,
 )
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError  # noqa: E402
@@ -179,7 +178,7 @@ def test_models_the_engine_cannot_drive_raise_typed_errors(light_model):
 
 @NO_KERNEL_TOO
 def test_dense_greedy_is_deterministic_and_checks_its_arguments(light_model):
-    model = dense_twin(light_model, tiny.tiny_config("default")) if NATIVE else light_model
+    model = tiny.dense_twin(light_model, tiny.tiny_config("default")) if NATIVE else light_model
     a = dense_greedy(model, [[5, 6, 7], [8]], 3)
     b = dense_greedy(model, [[5, 6, 7], [8]], 3, seq_len=16)
     assert a.tokens() == b.tokens() and a.path == "dense" and len(a.steps) == 4

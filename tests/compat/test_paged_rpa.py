@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.kernel_envs import REAL_KERNEL_ENVS
+from helpers.shipped import shipped_matrix
 
 pytestmark = pytest.mark.envs(*REAL_KERNEL_ENVS)
 
@@ -337,7 +338,7 @@ def test_features_and_kernel_limits(small_step, no_kernel):
         _bad_call_kw(small_step, attention_sink=jnp.zeros(4, jnp.float32))
     with pytest.raises(InvalidArgumentError, match="sliding_window"):
         _bad_call_kw(small_step, sliding_window=0)
-    curried = rpa.load_matrix().tpu_inference[0]
+    curried = shipped_matrix().tpu_inference[0]
     with pytest.raises(KernelUnavailableError, match=r"0\.27\.0") as info:
         _bad_call_kw(small_step, soft_cap=5.0, row=curried)
     assert "tpu-inference" in str(info.value)

@@ -59,7 +59,7 @@ def test_attention_metadata_fields_match_the_tpu_inference_row(resolution):
     import jax
     import jax.numpy as jnp
 
-    from maxtext_compat.rpa import attention_metadata_class
+    from maxtext_compat.installed_kernel import attention_metadata_class
 
     row = resolution.tpu_inference
     assert row is not None

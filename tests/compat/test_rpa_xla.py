@@ -176,9 +176,11 @@ def test_xla_is_refused_where_another_kernel_is_bound(serving_shim, monkeypatch)
 
 def test_an_unchecked_tpu_inference_runs_the_real_kernel_unless_asked(serving_shim, monkeypatch, caplog):
     """rpa_xla was held to tpu-inference 0.32.0's kernels: another release gets the real kernel by default."""
-    monkeypatch.setattr(cpu_serving, "_tpu_inference_version", lambda: "0.31.0")
-    monkeypatch.delenv(cpu_serving.KERNEL_ENV, raising=False)
-    assert cpu_serving.resolve_kernel(None) == "pallas"
-    with caplog.at_level("WARNING", logger=cpu_serving.__name__):
-        assert cpu_serving.resolve_kernel("xla") == "xla"
+    from maxtext_compat.shims import cpu_kernel
+
+    monkeypatch.setattr(cpu_kernel, "_tpu_inference_version", lambda: "0.31.0")
+    monkeypatch.delenv(cpu_kernel.KERNEL_ENV, raising=False)
+    assert cpu_kernel.resolve_kernel(None) == "pallas"
+    with caplog.at_level("WARNING", logger=cpu_kernel.__name__):
+        assert cpu_kernel.resolve_kernel("xla") == "xla"
     assert "0.31.0" in caplog.text and "0.32.0" in caplog.text

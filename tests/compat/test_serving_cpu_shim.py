@@ -1,6 +1,6 @@
 """The CPU serving shim, part by part, in-process against the real tpu-inference 0.32.0 (no server).
 
-Each runtime gap (reference/tpu_inference_on_cpu.md F1, F2, F4, and F5 found serving a real model) is first
+Each runtime gap (F1, F2, F4 in shims/cpu_serving.py, and F5 found serving a real model) is first
 shown failing stock on
 CPU, then working under the shim, and the originals are back (by identity) after uninstall. The
 RPA part (F3) is `shims.cpu_rpa`'s and is proven end to end in test_serving_vllm.py.

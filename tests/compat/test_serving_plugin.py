@@ -128,7 +128,7 @@ except BackendUnavailableError as exc:
     built = "BackendUnavailableError: " + str(exc)
 print(json.dumps({"registered": st.registered, "reason": st.reason, "built": built,
                   "in_registry": "MaxTextForCausalLM" in ml._MODEL_REGISTRY,
-                  "backport": importlib.util.find_spec("maxtext_compat.backport") is not None}))
+                  "backport": importlib.util.find_spec("maxtext_compat.convention.backport") is not None}))
 """
 
 
@@ -137,7 +137,7 @@ def test_release_without_a_backend_fails_only_when_a_maxtext_model_is_built() ->
     r = _run(BACKPORT_SCRIPT)
     assert r["registered"] and r["in_registry"]
     try:
-        import maxtext_compat.backport.serving  # noqa: F401
+        import maxtext_compat.serving.backport  # noqa: F401
 
         has_backend = True
     except ImportError:

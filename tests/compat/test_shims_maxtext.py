@@ -165,7 +165,7 @@ def test_maxtext_own_transformer_takes_the_new_call_with_the_shim(kernel_shim):
 def test_scanned_kv_drop_is_shown_natively_and_fixed_by_the_shim(kernel_shim):
     from jax.sharding import Mesh
 
-    from maxtext_compat.adapters.returns import logits_from_hidden
+    from maxtext_compat.convention.returns import logits_from_hidden
 
     cfg = tiny.tiny_config("default", vllm=True, scan_layers=True)
     mesh = Mesh(np.array(jax.devices()[:1]).reshape([1] * len(cfg.mesh_axes)), cfg.mesh_axes)

@@ -21,7 +21,6 @@ nnx = pytest.importorskip("flax.nnx")
 
 from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat import weights  # noqa: E402
-from maxtext_compat.backport import weights as backport_weights  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
 from maxtext_compat.testing import crossrun as cr  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
@@ -123,7 +122,7 @@ def test_scanned_tree_into_unscanned_model_points_at_unscan_params(saved):
     with pytest.raises(WeightsMismatchError) as err:
         weights.load_params(model, scanned)
     assert "unscan_params" in err.value.fix
-    back = backport_weights.unscan_params(scanned, cfg)
+    back = weights.unscan_params(scanned, cfg)
     assert back.keys() == flat.keys() and all(np.array_equal(back[k], flat[k]) for k in flat)
     with pytest.raises(InvalidArgumentError, match="number of layers"):
         weights.unscan_params(scanned, num_layers=3)

@@ -10,20 +10,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from maxtext_compat.adapters import policy
+from helpers.shipped import shipped_matrix
 from maxtext_compat.adapters.wrapper import adapted_class
-from maxtext_compat.errors import InvalidArgumentError
-from maxtext_compat.matrix import load_matrix
+from maxtext_compat.convention import policy
+from maxtext_compat.errors import InvalidArgumentError, KVCacheNotUpdatedError, OldConventionError
 
-MATRIX = load_matrix(Path(__file__).resolve().parents[2] / "compat_matrix.yaml")
+MATRIX = shipped_matrix()
 RELEASES = [r.name for r in MATRIX.maxtext]
 
-# Attention.__call__ parameter lists per release (wheel_facts: maxtext 0.1.0 .. 0.2.5).
+# Attention.__call__ parameter lists per release, as read from the maxtext 0.1.0 .. 0.2.5 wheels.
 ATTENTION_SIGS = {
     "0.1.0": "inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *, model_mode='train', "
     "deterministic=False, previous_chunk=None, slot=None, page_state=None, bidirectional_mask=None",
@@ -182,7 +181,7 @@ def test_scanned_layer_old_call_keeps_y_none(release):
 
 def test_legacy_new_call_goes_to_the_backport(mocker):
     row, cls = attention("0.1.0")
-    backport = mocker.patch("maxtext_compat.backport.call.backport_call", return_value=("OUT", "KV2"))
+    backport = mocker.patch("maxtext_compat.convention.backport.call.backport_call", return_value=("OUT", "KV2"))
     out = cls()("x", "x", "pos", None, model_mode="autoregressive", kv_cache="KV", attention_metadata="MD")
     assert out == ("OUT", "KV2")
     _, native_call, kind, row_arg, t, writes, _ = backport.call_args.args
@@ -229,7 +228,7 @@ def test_warn_policy_warns_once_per_call_site_with_the_migration_line():
 
 def test_error_policy_raises_with_the_fix():
     a = _with_policy("0.2.5", "error")()
-    with pytest.raises(policy.OldConventionError, match="out, kv_cache = attention"):
+    with pytest.raises(OldConventionError, match="out, kv_cache = attention"):
         a("x", "x")
     # the new call is unaffected
     assert a("x", "x", model_mode="autoregressive", kv_cache="KV", attention_metadata="MD")[1] == "KV+written"
@@ -241,17 +240,17 @@ def test_ignore_policy_is_silent_and_the_user_can_override_it(monkeypatch):
         warnings.simplefilter("error")
         a("x", "x")
     policy.set_deprecation_policy("error")
-    with pytest.raises(policy.OldConventionError):
+    with pytest.raises(OldConventionError):
         a("x", "x")
     policy.set_deprecation_policy(None)
     monkeypatch.setenv(policy.POLICY_ENV, "error")
-    with pytest.raises(policy.OldConventionError):
+    with pytest.raises(OldConventionError):
         a("x", "x")
 
 
 def test_the_deadline_holds_whatever_the_policy():
     a = _with_policy("0.2.5", "ignore", ends_in="0.2.5")()
-    with pytest.raises(policy.OldConventionError, match=r"removed in 0\.2\.5"):
+    with pytest.raises(OldConventionError, match=r"removed in 0\.2\.5"):
         a("x", "x")
 
 
@@ -277,7 +276,7 @@ def test_strict_mode_refuses_a_cache_that_was_not_written(kv_return, what):
     a = cls()
     new = {"model_mode": "autoregressive", "kv_cache": "KV", "attention_metadata": "MD"}
     a("x", "x", **new)  # not strict: passed on
-    with policy.strict_mode(), pytest.raises(policy.KVCacheNotUpdatedError, match=what):
+    with policy.strict_mode(), pytest.raises(KVCacheNotUpdatedError, match=what):
         a("x", "x", **new)
 
 
@@ -286,5 +285,5 @@ def test_strict_mode_ignores_train_mode_and_reads_the_environment(monkeypatch):
     a = cls()
     monkeypatch.setenv(policy.STRICT_ENV, "1")
     assert a("x", "x", model_mode="train", kv_cache="KV", attention_metadata="MD") == ("OUT", "KV")
-    with pytest.raises(policy.KVCacheNotUpdatedError):
+    with pytest.raises(KVCacheNotUpdatedError):
         a("x", "x", model_mode="autoregressive", kv_cache="KV", attention_metadata="MD")

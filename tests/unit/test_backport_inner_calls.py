@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from maxtext_compat.backport.call import inner_call, new_shape
-from maxtext_compat.backport.session import BackportError
+from maxtext_compat.convention.backport.call import inner_call
+from maxtext_compat.convention.kinds import KINDS
+from maxtext_compat.errors import BackportError
 
 pytestmark = pytest.mark.envs("unit")  # plain Python with fake calls: once per matrix run is enough
 
@@ -75,4 +76,4 @@ def test_a_second_cache_inside_a_step_is_refused_before_maxtext_runs(kind, kwarg
 
 def test_the_transformer_has_no_shape_without_its_session():
     with pytest.raises(ValueError, match="transformer"):
-        new_shape("transformer", OUT, None)
+        KINDS["transformer"].new_shape(OUT, None)

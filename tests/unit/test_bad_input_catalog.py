@@ -21,31 +21,29 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 import yaml
 
-from maxtext_compat.adapters.policy import KVCacheNotUpdatedError, OldConventionError
-from maxtext_compat.convention import ConventionMismatchError
+from helpers.shipped import MATRIX_FILE, REPO
 from maxtext_compat.errors import (
     CacheCapacityError,
     CompatError,
+    ConventionMismatchError,
     IncompatibleVersionsError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    KVCacheNotUpdatedError,
     MatrixError,
+    OldConventionError,
     ProfileError,
     ResolutionError,
     ShimRefusedError,
     StaleSliceError,
     UnknownReleaseWarning,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-MATRIX_FILE = REPO / "compat_matrix.yaml"
 
 
 @dataclass(frozen=True)
@@ -134,8 +132,8 @@ def policy_row(policy: str) -> dict[str, Any]:
 
 
 def strict_dropped() -> Any:
-    from maxtext_compat.adapters import policy
     from maxtext_compat.adapters.wrapper import adapted_class
+    from maxtext_compat.convention import policy
 
     dropping = native("attention", "0.2.5", returns="'OUT', None")  # the layer loses the cache it was given
     layer = adapted_class(dropping, row=matrix().row("0.2.5"), kind="attention")()
@@ -144,7 +142,7 @@ def strict_dropped() -> Any:
 
 
 def set_policy(name: str) -> None:
-    from maxtext_compat.adapters import policy
+    from maxtext_compat.convention import policy
 
     policy.set_deprecation_policy(name)
 

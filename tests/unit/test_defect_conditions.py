@@ -7,7 +7,6 @@ configs), not values computed by the code under test.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,11 +14,11 @@ import pytest
 import yaml
 from packaging.version import Version
 
+from helpers.shipped import MATRIX_FILE
 from maxtext_compat import defects
 from maxtext_compat.errors import MatrixError, ShimRefusedError
 from maxtext_compat.matrix import load_matrix, parse_matrix
 
-MATRIX_FILE = Path(__file__).resolve().parents[2] / "compat_matrix.yaml"
 SLOTS, GDN, BATCHED = "kv-slots-out-of-layer-order", "gdn-config-import-gone", "batched-rpa-kernel-bound-at-import"
 
 
@@ -174,7 +173,7 @@ def test_a_refused_defect_parses_with_its_condition(doc):
 
 
 def test_per_layer_metadata_dicts(matrix):
-    from maxtext_compat.adapters.translate import per_layer_metadata
+    from maxtext_compat.convention.translate import per_layer_metadata
     from maxtext_compat.errors import InvalidArgumentError
 
     a, b = object(), object()

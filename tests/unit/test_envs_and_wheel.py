@@ -8,15 +8,13 @@ import os
 import shutil
 import subprocess
 import zipfile
-from pathlib import Path
 
 import pytest
 from env_specs import tiny_spec
 
+from helpers.shipped import REPO
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.envs("unit"),  # builds throwaway environments and a wheel: once per matrix run is enough

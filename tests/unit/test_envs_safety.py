@@ -26,11 +26,11 @@ import pytest
 import yaml
 from env_specs import tiny_spec
 
+from helpers.shipped import REPO
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import EnvironmentSpec, parse_matrix
 
-REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 HAS_UV = shutil.which("uv") is not None
 needs_uv = pytest.mark.skipif(not HAS_UV, reason="uv is installed by `make envs`")

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from pathlib import Path
 
 from packaging.version import Version
 
-from maxtext_compat.matrix import load_matrix
+from helpers.shipped import REPO, shipped_matrix
 
-REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("_check_matrix_facts", REPO / "tools" / "check_matrix_facts.py")
 facts = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(facts)
-MATRIX = load_matrix(REPO / "compat_matrix.yaml")
+MATRIX = shipped_matrix()
 
 
 def test_every_date_and_jax_pin_in_the_matrix_is_pypis(capsys):

@@ -9,11 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from helpers.shipped import MATRIX_FILE
 from maxtext_compat.errors import MatrixError
 from maxtext_compat.matrix import MATRIX_ENV_VAR, load_matrix, parse_matrix
-
-REPO = Path(__file__).resolve().parents[2]
-MATRIX_FILE = REPO / "compat_matrix.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,16 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from helpers.callers import CallerThreads
 from helpers.fake_modules import FakePackage, make_module
+from helpers.shipped import shipped_matrix
 from maxtext_compat import shims
 from maxtext_compat.adapters.wrapper import adapted_class
-from maxtext_compat.matrix import ClassRef, MaxTextRow, load_matrix
+from maxtext_compat.matrix import ClassRef, MaxTextRow
 from maxtext_compat.shims import maxtext_profiles, patching, profiles, registry
 from maxtext_compat.shims.patching import PatchSpec
 
@@ -42,7 +42,7 @@ CYCLES = int(os.environ.get("MAXTEXT_COMPAT_RELIABILITY_CYCLES", "10000"))
 CALLERS = 8
 YIELD_EVERY = 8
 PROFILE = "rel-concurrency"
-ROW = load_matrix(Path(__file__).resolve().parents[2] / "compat_matrix.yaml").row("0.2.5")
+ROW = shipped_matrix().row("0.2.5")
 
 # MaxText 0.2.5's exact parameter lists (see test_adapters_mocked_rows.py for every release).
 ATTENTION_PARAMS = (
@@ -255,7 +255,7 @@ def test_patched_classes_and_adapters_never_fail_while_the_shim_churns(fake: Fak
     fake.assert_pristine()
     assert not shims.installed(PROFILE)
     assert [p for p in registry.active_patches() if p.profile == PROFILE] == []
-    assert [layer for layer in patching._OURS.values() if layer.profile == PROFILE] == []
+    assert [layer for layer in patching.installed_layers() if layer.profile == PROFILE] == []
 
 
 def test_the_fake_row_gives_the_real_profiles_targets(fake: FakeRelease):
@@ -270,7 +270,7 @@ def test_the_fake_row_gives_the_real_profiles_targets(fake: FakeRelease):
 # The adapters' hand-off to a vllm-backport shim (legacy rows)
 # ----------------------------------------------------------------------------------------------
 
-LEGACY = load_matrix(Path(__file__).resolve().parents[2] / "compat_matrix.yaml").row("0.1.0")
+LEGACY = shipped_matrix().row("0.1.0")
 LEGACY_ATTENTION = """
 class Attention:
     def __call__(self, inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *, model_mode='train',
@@ -298,7 +298,7 @@ def backport_over_fake(mocker) -> Iterator[tuple[type, Any]]:
     shims.register_profile(maxtext_profiles.BACKPORT, lambda: [spec], replace=True)
     # Train-mode new calls never route attention; the context-gated hooks (backport-hooks, tested with the
     # real MaxText) would otherwise be registered here for this fake row and outlive the test.
-    mocker.patch("maxtext_compat.backport.hooks.ensure_installed")
+    mocker.patch("maxtext_compat.convention.backport.hooks.ensure_installed")
     try:
         yield module.Attention, adapted_class(module.Attention, row=row, kind="attention")
     finally:

@@ -16,19 +16,19 @@ import sys
 import textwrap
 import types
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import wrapt
 
+from helpers.shipped import shipped_matrix
 from maxtext_compat import shims
 from maxtext_compat.errors import PatchConflictError, PatchError, PatchTargetError
-from maxtext_compat.matrix import MaxTextRow, load_matrix
+from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.shims import maxtext_profiles, patching, profiles, registry
 from maxtext_compat.shims.patching import MARKER, PatchSpec
 
-MATRIX = load_matrix(Path(__file__).resolve().parents[2] / "compat_matrix.yaml")
+MATRIX = shipped_matrix()
 PROFILE = "rel-faults"
 # profile label -> (matrix row, the real builder of its spec list)
 PROFILES: dict[str, tuple[str, Callable[[MaxTextRow], list[Any]]]] = {
@@ -157,14 +157,14 @@ class FakeMaxText:
             assert all(now[k] is v for k, v in before.items()), owner
             assert MARKER not in now or now[MARKER] is before.get(MARKER)
         assert [p for p in registry.active_patches() if p.profile == PROFILE] == []
-        assert [layer for layer in patching._OURS.values() if layer.profile == PROFILE] == []
+        assert [layer for layer in patching.installed_layers() if layer.profile == PROFILE] == []
         assert not shims.installed(PROFILE)
 
     def assert_fully_installed(self) -> None:
         assert {p.target for p in registry.active_patches() if p.profile == PROFILE} == {s.target for s in self.specs}
         for spec in self.specs:
             owner, attr = self.owner_of(spec.target)
-            assert patching._OURS[id(vars(owner)[attr])].profile == PROFILE, spec.target
+            assert patching.layer_of(vars(owner)[attr]).profile == PROFILE, spec.target
         assert shims.verify(PROFILE) == {PROFILE: []}
 
 

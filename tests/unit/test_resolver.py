@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
-from pathlib import Path
 
 import pytest
 
+from helpers.shipped import shipped_matrix
 from maxtext_compat import resolve
 from maxtext_compat.errors import (
     IncompatibleVersionsError,
@@ -17,10 +17,9 @@ from maxtext_compat.errors import (
     ResolutionError,
     UnknownReleaseWarning,
 )
-from maxtext_compat.matrix import load_matrix
 from maxtext_compat.probes import Finding, ProbeReport
 
-MATRIX = load_matrix(Path(__file__).resolve().parents[2] / "compat_matrix.yaml")
+MATRIX = shipped_matrix()
 
 # Facts from the issue / reference notes, written independently of the matrix file.
 EXPECTED_CONVENTION = {
@@ -237,6 +236,38 @@ def test_archive_url_install_carries_the_commit(mocker):
     _fake_metadata(mocker, {"maxtext": FakeDist("maxtext", "0.2.3", url)})
     res = resolve(matrix=MATRIX, probe=False)
     assert res.maxtext_match == "commit" and res.maxtext.name == "0.2.3"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{not json",  # unreadable
+        "[]",  # not an object
+        {"vcs_info": {"vcs": "git", "commit_id": "348355c51" + "0" * 31}},  # no url: PEP 610 requires one
+        {"url": "https://github.com/AI-Hypercomputer/maxtext", "vcs_info": {"vcs": "git"}},  # no commit_id
+        {"url": "https://x", "vcs_info": {"vcs": "git", "commit_id": "a" * 40}, "dir_info": {}},  # two kinds
+    ],
+)
+def test_invalid_direct_url_is_no_direct_install(mocker, raw):
+    """PEP 610 is read by packaging: a file it rejects names no commit (the version decides), never a crash."""
+    dist = FakeDist("maxtext", "0.2.2")
+    dist.read_text = lambda name: (
+        (raw if isinstance(raw, str) else json.dumps(raw)) if name == "direct_url.json" else None
+    )
+    _fake_metadata(mocker, {"maxtext": dist})
+    res = resolve(matrix=MATRIX, probe=False)
+    assert res.maxtext.name == "0.2.2" and res.maxtext_match == "exact"
+    assert res.versions["maxtext"].commit is None
+
+
+def test_editable_directory_install_is_seen_as_editable(mocker):
+    _fake_metadata(
+        mocker,
+        {"maxtext": FakeDist("maxtext", "0.2.4", {"url": "file:///src/maxtext", "dir_info": {"editable": True}})},
+    )
+    res = resolve(matrix=MATRIX, probe=False)
+    info = res.versions["maxtext"]
+    assert info.editable and info.url == "file:///src/maxtext" and info.commit is None
 
 
 def test_unparseable_installed_version_is_a_typed_error(mocker):

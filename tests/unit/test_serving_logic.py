@@ -322,7 +322,7 @@ def test_backend_selection_by_row() -> None:
     assert backend.entry_for(_row(True)).name == "native"
     assert backend.entry_for(_row(False)).name == "backport"
     try:
-        import maxtext_compat.backport.serving  # noqa: F401
+        import maxtext_compat.serving.backport  # noqa: F401
     except ImportError:
         with pytest.raises(BackendUnavailableError, match="backport"):
             backend.backend_for(_row(False))

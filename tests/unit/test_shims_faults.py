@@ -65,7 +65,7 @@ class Fake(FakePackage):
     def assert_nothing_patched(self) -> None:
         self.assert_pristine()
         assert MARKER not in vars(self.layers) and MARKER not in vars(self.layers.Attention)
-        assert registry.active_patches() == [] and patching._OURS == {}
+        assert registry.active_patches() == [] and patching.installed_layers() == ()
         assert not shims.installed()
         a = self.layers.Attention()
         assert a(1) == ("call", 1) and a.s(1) == ("s", 1) and a.inherited(1) == ("inherited", 1)

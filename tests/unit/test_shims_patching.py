@@ -84,7 +84,7 @@ def clean_state() -> Iterator[None]:
         shims.unregister_profile(name)
     profiles.set_default_profile_chooser(None)
     assert registry.active_patches() == []
-    assert patching._OURS == {}
+    assert patching.installed_layers() == ()
 
 
 def register(name: str, *specs: PatchSpec) -> str:
@@ -145,6 +145,29 @@ def test_signature_advertises_added_keywords(fake: Fake):
     assert supports_kw(fake.layers.Attention.__call__, "attention_metadata")
     shims.uninstall()
     assert not supports_kw(fake.layers.Attention.__call__, "kv_cache")
+
+
+@pytest.mark.parametrize("seam", ["private", "public"])
+def test_signature_seam_with_and_without_wrapts_private_classes(fake: Fake, mocker, seam: str):
+    """The private wrapt classes sit behind one seam; without them (a future wrapt) the public
+    `with_signature` still advertises the added keywords, calls pass through, uninstall restores."""
+    from maxtext_compat.shims.patching import wrappers
+
+    if seam == "public":
+        mocker.patch.object(wrappers, "_with_signature", wrappers.public_with_signature)
+    else:
+        assert wrappers.PRIVATE_SEAM  # the wrapt this project pins has them: the private path is the one tested
+    raw = vars(fake.layers.Attention)["__call__"]
+    register("p", *all_specs(fake))
+    shims.install("p")
+    a = fake.layers.Attention()
+    assert list(inspect.signature(a).parameters) == ["x", "decoder_segment_ids", "kv_cache", "attention_metadata"]
+    assert supports_kw(fake.layers.Attention.__call__, "kv_cache")
+    assert a(1) == ("call", 1, "A") and a(1, kv_cache="kv") == (("call", 1, "A"), "kv")
+    assert list(inspect.signature(fake.layers.f).parameters) == ["x", "kv_cache"] and fake.layers.f(5) == ("f", 5, "A")
+    shims.uninstall()
+    assert vars(fake.layers.Attention)["__call__"] is raw
+    fake.assert_pristine()
 
 
 def supports_kw(fn, name: str) -> bool:
@@ -561,11 +584,16 @@ def test_default_profile_chooser_gets_the_resolution(fake: Fake):
 
 
 def test_default_profile_resolves_the_install_when_not_given(mocker):
-    row = types.SimpleNamespace(convention="legacy")
-    resolve = mocker.patch("maxtext_compat.resolver.resolve", return_value=row)
-    shims.set_default_profile_chooser(lambda r: None)
+    from maxtext_compat import installed
+
+    res = types.SimpleNamespace(convention="legacy")
+    found = installed.InstalledResolution(res, ())  # type: ignore[arg-type]
+    lookup = mocker.patch.object(installed, "installed_resolution", return_value=found)
+    seen: list[object] = []
+    shims.set_default_profile_chooser(lambda r: seen.append(r))
     assert shims.default_profile() is None
-    resolve.assert_called_once_with()
+    lookup.assert_called_once_with(probe=True)  # the install, probed against its source
+    assert seen == [res]
 
 
 def test_profile_registration_errors(fake: Fake):

@@ -71,7 +71,7 @@ def fake() -> Iterator[Fake]:
     shims.uninstall(force=True)
     for name in [n for n in profiles.registered_profiles() if n.startswith("thr-")]:
         shims.unregister_profile(name)
-    assert registry.active_patches() == [] and patching._OURS == {}
+    assert registry.active_patches() == [] and patching.installed_layers() == ()
     fk.assert_pristine()
     fk.cleanup()
 

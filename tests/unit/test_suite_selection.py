@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
+from helpers.shipped import REPO
+
 pytestmark = pytest.mark.envs("unit")  # tests the suite's own conftest in pytester: once per matrix run is enough
 
-REPO = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.shipped import REPO, shipped_matrix
 from maxtext_compat import envs, testmatrix
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.envs("unit"),  # builds throwaway environments: once per matrix run is enough
@@ -41,7 +40,7 @@ def _spec(name: str, *requirements: str) -> EnvironmentSpec:
 @pytest.fixture
 def matrix(tmp_path, monkeypatch):
     monkeypatch.setenv(envs.ENVS_DIR_VAR, str(tmp_path / "envs"))
-    m = load_matrix(REPO / "compat_matrix.yaml")
+    m = shipped_matrix()
     specs = {s.name: s for s in (_spec("tiny", "six==1.17.0"), _spec("broken", "six==999.0"))}
     return dataclasses.replace(m, environments=specs)
 
@@ -128,7 +127,7 @@ def test_an_environment_that_runs_no_test_fails(matrix, tmp_path):
 
 
 def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
-    real = load_matrix(REPO / "compat_matrix.yaml")
+    real = shipped_matrix()
     assert testmatrix.mocked_rows(real) == []  # every MaxText release has a real environment
     # Without the 0.2.x environments but 0.2.5's, releases 0.2.0-0.2.4 would be covered by mocks only.
     envs = {
@@ -144,7 +143,7 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
 
 
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
-    real = load_matrix(REPO / "compat_matrix.yaml")
+    real = shipped_matrix()
     ranges = testmatrix.mocked_tpu_inference_rows(real)
     # The envs pin tpu-inference 0.32.0, 0.27.0, 0.26.0, 0.22.1 and 0.19.0: every range but the five holding
     # them is mocked only.
@@ -163,7 +162,7 @@ def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
 def test_every_range_no_environment_installs_says_why_and_no_real_range_does():
     """`not_real:` is the report's one line per mocked range: missing there, or stale on a range an
     environment now installs, is a wrong fact."""
-    real = load_matrix(REPO / "compat_matrix.yaml")
+    real = shipped_matrix()
     mocked = set(testmatrix.mocked_tpu_inference_rows(real))
     for row in real.tpu_inference:
         assert bool(row.not_real) == (row.label in mocked), (row.label, row.not_real)
@@ -198,7 +197,7 @@ def test_an_environments_test_files_are_test_files_of_this_repository(tmp_path, 
 
 
 def test_an_environment_that_lists_test_files_runs_only_those():
-    real = load_matrix(REPO / "compat_matrix.yaml")
+    real = shipped_matrix()
     spec = real.environment("tpu-inference-0.22.1")
     assert spec.maxtext is None
     assert spec.tests == ("tests/compat/test_paged_rpa.py", "tests/compat/test_cpu_rpa_shim.py")
@@ -219,7 +218,7 @@ def test_recorded_durations_are_read_leniently_and_cover_every_real_environment(
     bad.write_text("[1, 2")
     assert testmatrix.expected_durations(bad) == {}
     recorded = testmatrix.expected_durations(REPO / testmatrix.DURATIONS_FILE)
-    assert set(recorded) == set(load_matrix(REPO / "compat_matrix.yaml").environments)
+    assert set(recorded) == set(shipped_matrix().environments)
 
 
 def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch, tmp_path):

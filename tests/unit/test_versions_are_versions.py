@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.shipped import REPO, shipped_matrix
 from maxtext_compat import resolve
 from maxtext_compat.cli import main as cli_main
 from maxtext_compat.errors import IncompatibleVersionsError, InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import MAX_MATRIX_BYTES, load_matrix, parse_matrix
 from maxtext_compat.switches import parse_flag
 
-REPO = Path(__file__).resolve().parents[2]
 TEXT = (REPO / "compat_matrix.yaml").read_text()
-MATRIX = load_matrix(REPO / "compat_matrix.yaml")
+MATRIX = shipped_matrix()
 
 
 def test_tpu_inference_0_32_is_release_0_32_0_for_the_jax_check():
@@ -70,7 +70,7 @@ def test_overlap_check_is_not_quadratic(monkeypatch):
         release = dict(next(iter(base["releases"].values())))  # the shipped file's keys, whatever they are
         rows.append(dict(base, versions=f">={lo},<{hi}", releases={lo: release}))
     from maxtext_compat._yaml_reader import Node
-    from maxtext_compat.matrix import _check_disjoint, _parse_tpi
+    from maxtext_compat.matrix.parse import _check_disjoint, _parse_tpi
 
     parsed = tuple(_parse_tpi(Node(r, f"tpu_inference[{i}]", "m.yaml")) for i, r in enumerate(rows))
     from packaging.version import Version
@@ -96,7 +96,7 @@ def test_overlap_check_is_not_quadratic(monkeypatch):
 @pytest.mark.parametrize("raw", [" 1", "y", "2", "enabled", "1 "])
 def test_switch_values_that_are_not_on_or_off_are_refused(raw, monkeypatch):
     """Found: MAXTEXT_COMPAT_STRICT=" 1", "y" or "2" silently turned strict mode off."""
-    from maxtext_compat.adapters import policy
+    from maxtext_compat.convention import policy
 
     with pytest.raises(InvalidArgumentError) as e:
         parse_flag("MAXTEXT_COMPAT_STRICT", raw)

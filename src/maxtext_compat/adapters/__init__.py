@@ -32,11 +32,11 @@ def __getattr__(name: str) -> Any:
 
         return getattr(wrapper, name)
     if name in ("set_deprecation_policy", "set_strict", "strict_mode", "KVCacheNotUpdatedError", "OldConventionError"):
-        from maxtext_compat.adapters import policy
+        from maxtext_compat.convention import policy
 
         return getattr(policy, name)
     if name in ("caller_convention", "set_caller_convention", "ConventionMismatchError"):
-        from maxtext_compat import convention
+        from maxtext_compat.convention import declared as convention
 
         return getattr(convention, name)
     raise AttributeError(name)

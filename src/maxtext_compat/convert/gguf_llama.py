@@ -9,7 +9,7 @@ from the file's metadata, never assumed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,7 +187,7 @@ def read_gguf(path: str | Path) -> LlamaCheckpoint:
 
 
 def check_tensors(
-    tensors: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]], *, where: str, extra: list[str] = ()
+    tensors: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]], *, where: str, extra: Sequence[str] = ()
 ) -> None:
     """Every expected tensor present with its shape and nothing left over, or one error naming them all."""
     missing = sorted(set(expected) - set(tensors))

@@ -33,8 +33,8 @@ def write_maxtext_checkpoint(
 ) -> str:
     """Write `ckpt` at `path` for the installed MaxText; returns the `load_parameters_path`."""
     from maxtext_compat import weights
+    from maxtext_compat.installed import installed_row
     from maxtext_compat.serving.backend import backend_for
-    from maxtext_compat.testing.tiny import installed_row
 
     backend = backend_for(installed_row())
     cfg = backend.base_config(checkpoint_overrides(ckpt, scan_layers=scan_layers, weight_dtype=weight_dtype))

@@ -11,7 +11,7 @@ Not imported by `maxtext_compat`; jax/flax load when a run starts.
 from __future__ import annotations
 
 from maxtext_compat.engine.compare import ComparisonRow, compare, format_table, max_logits_diff
-from maxtext_compat.engine.dense import check_dense_model, dense_greedy, dense_twin
+from maxtext_compat.engine.dense import check_dense_model, dense_greedy
 from maxtext_compat.engine.paged import PagedEngine, cache_mesh_for, default_buckets, layout_for_model
 from maxtext_compat.engine.types import Buckets, Generation, StepRecord
 
@@ -26,7 +26,6 @@ __all__ = [
     "compare",
     "default_buckets",
     "dense_greedy",
-    "dense_twin",
     "format_table",
     "layout_for_model",
     "max_logits_diff",

@@ -40,7 +40,7 @@ def check_dense_model(model: Any) -> None:
             argument="model",
             expected="model_mode 'train' and attention 'dot_product' (or another dense kernel)",
             found=f"model_mode {mode!r}, attention {cfg.attention!r}",
-            fix="build a twin from a non-vLLM config with maxtext_compat.engine.dense_twin(model, config)",
+            fix="build a twin from a non-vLLM config with maxtext_compat.testing.tiny.dense_twin(model, config)",
         )
 
 
@@ -76,7 +76,7 @@ def dense_greedy(
             fix=f"pass seq_len >= {need}, or leave it out (None) to size it from the prompts and num_steps",
         )
     if context is None:
-        from maxtext_compat.testing.tiny import mesh_context
+        from maxtext_compat.installed import mesh_context
 
         context = lambda: mesh_context(cfg, model.mesh)  # noqa: E731
     n = len(prompts_t)
@@ -106,19 +106,3 @@ def dense_greedy(
         gen.compile_seconds += compile_s
         gen.compiles += compile_s > 0
     return gen
-
-
-def dense_twin(model: Any, config: Any, mesh: Any = None) -> Any:
-    """A train-mode Transformer built from `config` (e.g. base.yml, dot_product) holding `model`'s weights.
-
-    Why: on MaxText 0.2.x the paged path needs a vllm.yml config (attention="vllm_rpa"), whose
-    model cannot run the dense reference; the two configs have identical parameter trees, so
-    the twin gets the same weights (shape-checked, maxtext_compat.weights.load_params).
-    """
-    from maxtext_compat.testing.tiny import tiny_mesh, tiny_transformer
-    from maxtext_compat.weights import export_params, load_params
-
-    mesh = mesh if mesh is not None else tiny_mesh(config, 1)
-    twin = tiny_transformer(config, mesh)
-    load_params(twin, export_params(model), where="the dense twin")
-    return twin

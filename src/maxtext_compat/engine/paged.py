@@ -31,7 +31,7 @@ def _step(graphdef: Any, state: Any, tokens: Any, positions: Any, caches: list[A
     """One paged step of the wrapped Transformer: (logits [T, vocab], updated caches)."""
     from flax import nnx
 
-    from maxtext_compat.adapters.returns import logits_from_hidden
+    from maxtext_compat.convention.returns import logits_from_hidden
 
     model = nnx.merge(graphdef, state)
     hidden, new = model(tokens, positions, kv_caches=caches, attention_metadata=metadata, model_mode=AUTOREGRESSIVE)
@@ -81,7 +81,7 @@ def cache_mesh_for(model: Any) -> Any:
     if model._mc_row.has_kv_params:
         check_mesh(mesh, argument="model.mesh")
         return mesh
-    from maxtext_compat.backport.attention import rpa_mesh_for
+    from maxtext_compat.convention.backport.attention import rpa_mesh_for
 
     return rpa_mesh_for(mesh)
 
@@ -153,7 +153,7 @@ class PagedEngine:
             )
         self.buckets = buckets
         if context is None:
-            from maxtext_compat.testing.tiny import mesh_context
+            from maxtext_compat.installed import mesh_context
 
             row, cfg, mesh = self.row, self.config, model.mesh
             context = lambda: mesh_context(cfg, mesh, row=row)  # noqa: E731

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
@@ -372,10 +372,14 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
                        "KV cache)")  # fmt: skip
             return updated
         keep = names[:-1]
-        new_target = keep[0] if len(keep) == 1 else cst.Tuple([cst.Element(n) for n in keep], lpar=[], rpar=[])
+        kept = (
+            cast(cst.BaseAssignTargetExpression, keep[0])
+            if len(keep) == 1
+            else cst.Tuple([cst.Element(n) for n in keep], lpar=[], rpar=[])
+        )
         value = self._without_kv_args(updated.value, kind)
         self._site(original, callee, kind, "rewritten", "takes the old return")
-        return updated.with_changes(targets=[cst.AssignTarget(new_target)], value=value)
+        return updated.with_changes(targets=[cst.AssignTarget(kept)], value=value)
 
     def _target_names(self, target: cst.BaseAssignTargetExpression) -> list[cst.BaseExpression] | None:
         if isinstance(target, (cst.Name, cst.Attribute, cst.Subscript)):

@@ -1,12 +1,12 @@
 """The MaxText config of a served model, derived from vLLM's config the way MaxText's adapter does.
 
-Why: users pass the seed's flags (`--additional-config '{"maxtext_config": {...}}'`, a model dir
+Why: users pass the usual MaxText-on-vLLM flags (`--additional-config '{"maxtext_config": {...}}'`, a model dir
 whose config.json names `MaxTextForCausalLM`), and the same flags must work whatever MaxText
 release is installed. Like MaxText's own `generate_maxtext_config` (0.2.2+):
 - overrides = `additional_config["maxtext_config"]` (a copy: vLLM hashes and shares its config),
 - `--load-format dummy` drops `load_parameters_path` (random weights),
 - KV heads are padded to the tensor-parallel degree when TP is a multiple of them (vLLM and
-  tpu-inference repeat KV heads up to TP; design note 4), global KV heads likewise.
+  tpu-inference repeat KV heads up to TP), global KV heads likewise.
 Beyond MaxText: config.json and the MaxText config are checked against each other (layers, KV
 heads, head_dim, vocab) and the KV-cache dtype against MaxText's dtype, so a mismatch is a typed
 error at start-up instead of a shape error inside the kernel.

@@ -8,7 +8,6 @@ from the matrix (`resolve()`), not from probing calls.
 from __future__ import annotations
 
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,16 +39,16 @@ _FAILURE: list[BaseException | None] = [None]  # why this process cannot serve M
 
 
 def build_runtime(resolution: Resolution | None = None) -> ServingRuntime:
-    from maxtext_compat.resolver import resolve
     from maxtext_compat.serving.backend import backend_for
 
     if resolution is None:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            resolution = resolve(probe=False)
+        from maxtext_compat.installed import installed_resolution
+
+        found = installed_resolution()
+        resolution = found.resolution
         import logging
 
-        for w in seen:
+        for w in found.warnings:  # a serving process logs them (vLLM's log is where operators look)
             logging.getLogger(__name__).warning("maxtext_compat: %s", w.message)
     if resolution.maxtext is None:
         raise ResolutionError(
@@ -80,7 +79,9 @@ def current() -> ServingRuntime:
         if _CURRENT[0] is None:
             if _FAILURE[0] is not None:
                 raise _FAILURE[0]
-            _CURRENT[0] = build_runtime()
+            built = build_runtime()
+            _CURRENT[0] = built
+            return built
         return _CURRENT[0]
 
 

@@ -1,8 +1,7 @@
 """Run tpu-inference's real ragged paged attention kernel on a CPU backend (Pallas TPU interpret mode).
 
 Why: the kernel is a Pallas TPU kernel with no CPU fallback. Four things stand between it and
-a CPU, each measured on jax 0.11.2 / tpu-inference 0.32.0
-(reference/tpu_inference_on_cpu.md):
+a CPU, each measured on jax 0.11.2 / tpu-inference 0.32.0:
 1. "Only interpret mode is supported on CPU backend" -> TPU interpret mode, set globally
    (so MaxText's own vLLM path gets it too) and forced around our dispatcher's calls;
 2. the stock interpreter cannot follow ref reshape/bitcast views -> `pallas_interpret_views`;
@@ -23,16 +22,24 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import KernelUnavailableError, ShimRefusedError
 from maxtext_compat.shims import pallas_interpret_views as views
-from maxtext_compat.shims.registry import ActivePatch, forget, record
+from maxtext_compat.shims.patching.settings import (
+    Setting,
+    SettingSet,
+    apply_settings,
+    attribute_slot,
+    env_slot,
+    global_slot,
+    item_slot,
+    remove_settings,
+)
 
 PROFILE = "cpu-rpa"
 KERNEL_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel"
@@ -48,12 +55,6 @@ _LOCK = threading.RLock()
 _MISSING = object()
 
 
-@dataclass
-class _Undo:
-    targets: tuple[str, ...]
-    restore: Callable[[], None]
-
-
 @dataclass(frozen=True)
 class ShimStatus:
     """What `install()` did (or why it did nothing)."""
@@ -67,7 +68,7 @@ class ShimStatus:
     patches: tuple[str, ...] = field(default_factory=tuple)
 
 
-_UNDO: list[_Undo] = []
+_APPLIED: SettingSet | None = None  # what install() set, through the engine's one transaction
 _STATUS: ShimStatus | None = None
 _AFTER_UNINSTALL: tuple[Any, int] | None = None  # (dma counter object, value) when we last uninstalled
 
@@ -135,14 +136,11 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
             )
         _refuse_if_late(clear_caches)
         tpi_version, methods = _block_size_methods(force)
-        try:
-            _apply_views()
-            _apply_tpu_info()
-            applied_method = _apply_block_sizes(methods)
-            _apply_interpret_mode()
-        except BaseException:
-            _undo_all()
-            raise
+        applied_method, block_settings = _block_size_settings(methods)
+        global _APPLIED
+        _APPLIED = apply_settings(
+            PROFILE, [*views.settings(), _tpu_info_setting(), *block_settings, _interpret_mode_setting()]
+        )
         _STATUS = ShimStatus(
             True,
             "installed on the cpu backend" + ("" if verified else f" (forced on unverified jax {jax_version})"),
@@ -150,19 +148,19 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
             verified,
             tpi_version,
             applied_method,
-            tuple(t for u in _UNDO for t in u.targets),
+            _APPLIED.targets,
         )
         return _STATUS
 
 
 def uninstall() -> list[str]:
     """Undo every patch (by identity) and forget it in the registry; returns the targets restored."""
-    global _STATUS, _AFTER_UNINSTALL
+    global _STATUS, _AFTER_UNINSTALL, _APPLIED
     with _LOCK:
-        if not _UNDO and _STATUS is None:
+        if _APPLIED is None and _STATUS is None:
             return []
-        done = _undo_all()
-        _STATUS = None
+        done = remove_settings(_APPLIED) if _APPLIED is not None else []
+        _APPLIED = _STATUS = None
         ipc = _interpreter()
         counter = getattr(ipc, "dma_id_counter", None)
         _AFTER_UNINSTALL = (counter, getattr(counter, "value", 0))
@@ -328,12 +326,6 @@ def _block_size_methods(force: bool) -> tuple[str | None, tuple[str, ...]]:
     return info.version, row.block_sizes
 
 
-def _apply_views() -> None:
-    targets = tuple(views.apply())
-    if targets:
-        _remember(targets, views.restore, "pallas_interpret_views.apply")
-
-
 def tpu_info_module() -> Any:
     """jax's TPU hardware table: jax._src.tpu_info (jax >= 0.10), jax._src.pallas.mosaic.tpu_info before."""
     try:
@@ -342,27 +334,22 @@ def tpu_info_module() -> Any:
         return importlib.import_module("jax._src.pallas.mosaic.tpu_info")
 
 
-def _apply_tpu_info() -> None:
+def _tpu_info_setting() -> Setting:
+    """A TPU v6e entry for the 'cpu' device kind in jax's TPU hardware table (an existing entry is kept)."""
     tpu_info = tpu_info_module()
-
-    before = tpu_info.registry.get("cpu", _MISSING)
-    if before is not _MISSING:
-        return  # someone already describes 'cpu'; leave theirs
     chip = getattr(tpu_info.ChipVersion, TPU_CHIP)
 
     def cpu_tpu_info() -> Any:
         return tpu_info.get_tpu_info_for_chip(chip, 1)
 
-    tpu_info.registry["cpu"] = cpu_tpu_info
-
-    def undo() -> None:
-        if tpu_info.registry.get("cpu") is cpu_tpu_info:
-            del tpu_info.registry["cpu"]
-        clear = getattr(tpu_info.get_tpu_info, "cache_clear", None)
-        if callable(clear):
-            clear()
-
-    _remember((tpu_info_target(),), undo, "cpu_rpa._apply_tpu_info")
+    clear = getattr(tpu_info.get_tpu_info, "cache_clear", None)
+    return Setting(
+        item_slot(tpu_info.registry, "cpu", tpu_info_target()),
+        cpu_tpu_info,
+        f"{__name__}._tpu_info_setting",
+        keep_existing=True,
+        after_restore=clear if callable(clear) else None,
+    )
 
 
 def tpu_info_target() -> str:
@@ -370,7 +357,8 @@ def tpu_info_target() -> str:
     return f"{tpu_info_module().__name__}:registry['cpu']"
 
 
-def _patch_attr(module_name: str, attr: str, replacement: Any) -> bool:
+def _kernel_attribute(module_name: str, attr: str, replacement: Any) -> Setting | None:
+    """`replacement` for `module_name.attr` (None when the module has no such attribute)."""
     try:
         mod = importlib.import_module(module_name)
     except ImportError as exc:
@@ -380,22 +368,20 @@ def _patch_attr(module_name: str, attr: str, replacement: Any) -> bool:
             expected=f"an importable {module_name}",
             fix="install vllm-tpu with its tpu-inference (importing tpu_inference imports vllm and torch)",
         ) from exc
-    original = getattr(mod, attr, _MISSING)
-    if original is _MISSING:
-        return False
-    setattr(mod, attr, replacement)
-
-    def undo() -> None:
-        if getattr(mod, attr, None) is replacement:
-            setattr(mod, attr, original)
-
-    _remember((f"{module_name}:{attr}",), undo, f"cpu_rpa.{replacement.__name__}")
-    return True
+    if getattr(mod, attr, _MISSING) is _MISSING:
+        return None
+    slot = attribute_slot(mod, attr, f"{module_name}:{attr}")
+    return Setting(slot, replacement, f"{__name__}.{replacement.__name__}")
 
 
-def _apply_block_sizes(methods: tuple[str, ...]) -> str | None:
+def _block_size_settings(methods: tuple[str, ...]) -> tuple[str | None, list[Setting]]:
+    """(the method used, the settings that give the kernel CPU block sizes)."""
+    if not {"function", "env"} & set(methods):
+        return None, []  # kernel-free use (interpret mode for other Pallas kernels): nothing to size
+    hd64 = _kernel_attribute(HD64_MODULE, "get_tuned_block_sizes", cpu_block_sizes_hd64)
     if "function" in methods:
-        if not _patch_attr(KERNEL_MODULE, "get_default_block_sizes", cpu_block_sizes):
+        v3 = _kernel_attribute(KERNEL_MODULE, "get_default_block_sizes", cpu_block_sizes)
+        if v3 is None:
             raise KernelUnavailableError(
                 "the matrix says this tpu-inference sizes RPA blocks with get_default_block_sizes, "
                 "but the installed kernel module has none",
@@ -403,57 +389,22 @@ def _apply_block_sizes(methods: tuple[str, ...]) -> str | None:
                 expected=f"{KERNEL_MODULE}.get_default_block_sizes",
                 fix="fix the row's block_sizes in compat_matrix.yaml",
             )
-        _patch_attr(HD64_MODULE, "get_tuned_block_sizes", cpu_block_sizes_hd64)
-        return "function"
+        return "function", [s for s in (v3, hd64) if s is not None]
     if "env" in methods:
-        for var, case in zip(ENV_VARS, ("DECODE", "PREFILL", "MIXED"), strict=True):
-            if os.environ.get(var):
-                continue  # the user's own sizes win
-            os.environ[var] = ENV_BLOCK_SIZES[case]
-
-            def undo(var: str = var, value: str = ENV_BLOCK_SIZES[case]) -> None:
-                if os.environ.get(var) == value:
-                    del os.environ[var]
-
-            _remember((f"os.environ:{var}",), undo, "cpu_rpa.ENV_BLOCK_SIZES")
-        # tpu-inference forwards the env sizes to the v3 kernel only; hd64 still needs its function.
-        _patch_attr(HD64_MODULE, "get_tuned_block_sizes", cpu_block_sizes_hd64)
-        return "env"
-    return None
+        # The user's own sizes win (keep_existing); tpu-inference forwards the env sizes to the v3 kernel
+        # only, so hd64 still needs its function.
+        env = [
+            Setting(env_slot(var), ENV_BLOCK_SIZES[case], f"{__name__}.ENV_BLOCK_SIZES", keep_existing=True)
+            for var, case in zip(ENV_VARS, ("DECODE", "PREFILL", "MIXED"), strict=True)
+        ]
+        return "env", [*env, *([hd64] if hd64 is not None else [])]
+    return None, []
 
 
-def _apply_interpret_mode() -> None:
+def _interpret_mode_setting() -> Setting:
+    """Pallas TPU interpret mode as jax's global default (so MaxText's own vLLM path runs interpreted too)."""
     from jax._src import config
 
     cfg = config.pallas_tpu_interpret_mode_context_manager
-    previous = cfg.get_global()
-    params = interpret_params()
-    cfg.set_global(params)
-
-    def undo() -> None:
-        if cfg.get_global() is params:
-            cfg.set_global(previous)
-
-    _remember((INTERPRET_TARGET,), undo, "cpu_rpa.interpret_params")
-
-
-def _remember(targets: tuple[str, ...], undo: Callable[[], Any], origin: str) -> None:
-    """Record patches for `doctor` and queue their undo (undone in reverse order)."""
-    for target in targets:
-        record(ActivePatch(target, f"maxtext_compat.shims.{origin}", PROFILE))
-
-    def undo_and_forget() -> None:
-        undo()
-        for target in targets:
-            forget(target, PROFILE)
-
-    _UNDO.append(_Undo(targets, undo_and_forget))
-
-
-def _undo_all() -> list[str]:
-    done: list[str] = []
-    while _UNDO:
-        u = _UNDO.pop()
-        u.restore()
-        done.extend(u.targets)
-    return done
+    slot = global_slot(cfg.get_global, cfg.set_global, INTERPRET_TARGET)
+    return Setting(slot, interpret_params(), f"{__name__}.interpret_params")

@@ -1,7 +1,7 @@
 """Let `vllm serve` (vllm-tpu + tpu-inference) run on a CPU backend: the runtime gaps plus the RPA shim.
 
-Why: tpu-inference's runner assumes TPU devices. Measured on tpu-inference 0.32.0 / jax 0.11.2
-(reference/tpu_inference_on_cpu.md section 3), a stock `vllm serve` on JAX_PLATFORMS=cpu fails at:
+Why: tpu-inference's runner assumes TPU devices. Measured on tpu-inference 0.32.0 / jax 0.11.2, a stock
+`vllm serve` on JAX_PLATFORMS=cpu fails at:
   F1 `make_optimized_mesh` sorts devices by `.coords` (CPU devices have none) -> plain mesh;
   F2 `get_device_hbm_limit` -> `get_device_name` raises 'Expected TPU devices' -> a fixed CPU limit;
   F3 the RPA Pallas kernel ('Only interpret mode is supported on CPU backend') -> `shims.cpu_rpa`,
@@ -38,9 +38,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from maxtext_compat.errors import InvalidArgumentError, ServingConfigError, ShimRefusedError
+from maxtext_compat.errors import InvalidArgumentError, ServingConfigError
 from maxtext_compat.shims import profiles
+from maxtext_compat.shims.cpu_kernel import (
+    ATTENTION_INTERFACE,
+    KERNEL_ENV,
+    XLA_KERNELS,
+    kernel_choice,
+    resolve_kernel,
+    xla_kernel_factory,
+)
 from maxtext_compat.shims.patching import Original, PatchSpec
+from maxtext_compat.shims.patching.settings import Setting, SettingSet, apply_settings, attribute_slot, remove_settings
 
 PROFILE = "cpu-serving"
 PARTS: tuple[str, ...] = ("mesh", "hbm", "compiler_options", "rpa", "host_copy")
@@ -55,23 +64,10 @@ COMPILER_OPTIONS = "tpu_inference.models.common.compiler_options"
 # Decorated at import time with jax.jit(compiler_options=get_sampling_compiler_options()): if it
 # was imported before us, its jit object already holds the TPU options and must be rebuilt.
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
-# Which RPA kernel a CPU server runs: `xla` (maxtext_compat.rpa_xla) or `pallas` (the real kernel, interpreted).
-KERNEL_ENV = "MAXTEXT_COMPAT_RPA_KERNEL"
-KERNELS: tuple[str, ...] = ("xla", "pallas")
-# sharded_ragged_paged_attention reads these module globals at each call; only they are replaced, so a
-# direct call of the kernel module's function (the kernel tests) still runs the real kernel.
-ATTENTION_INTERFACE = "tpu_inference.layers.common.attention_interface"
-XLA_KERNELS = {  # attention_interface global -> (the v3 kernel module it must be bound from, rpa_xla function)
-    "ragged_paged_attention": ("tpu_inference.kernels.ragged_paged_attention.v3.kernel", "ragged_paged_attention"),
-    "ragged_paged_attention_hd64": (
-        "tpu_inference.kernels.ragged_paged_attention.v3.kernel_hd64", "ragged_paged_attention_hd64"),
-}  # fmt: skip
 
 log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _MISSING = object()
-# tpu-inference releases whose v3 / head_dim-64 kernels rpa_xla was held to (tests/compat/test_rpa_xla.py).
-XLA_VERIFIED_TPU_INFERENCE: tuple[str, ...] = ("0.32.0",)
 
 
 @dataclass(frozen=True)
@@ -89,7 +85,7 @@ class CpuServingStatus:
 
 _STATUS: CpuServingStatus | None = None
 _RPA_OURS = False  # whether this module installed cpu_rpa (and so removes it)
-_SAMPLING_UNDO: list[Callable[[], None]] = []
+_SAMPLING: list[SettingSet | None] = [None]  # the re-jitted sampler, while installed
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,85 +227,6 @@ def _no_options_factory(original: Original) -> Callable[..., Any]:
     return compiler_options
 
 
-def kernel_choice(value: str | None = None) -> str | None:
-    """MAXTEXT_COMPAT_RPA_KERNEL as `xla` or `pallas`; None when unset (then `xla` where it applies)."""
-    raw = os.environ.get(KERNEL_ENV, "") if value is None else value
-    if raw == "":
-        return None
-    if raw.lower() not in KERNELS:
-        raise InvalidArgumentError(
-            f"{KERNEL_ENV} names no RPA kernel",
-            argument=KERNEL_ENV,
-            expected=f"one of {list(KERNELS)} (or unset: xla where a checked tpu-inference binds the v3 kernels)",
-            found=repr(raw),
-            fix=f"set {KERNEL_ENV}=xla (fast, the kernel's semantics in XLA) or =pallas (the real kernel, interpreted)",
-        )
-    return raw.lower()
-
-
-def _bound_kernels() -> dict[str, bool]:
-    """For each kernel global of attention_interface: is it the v3 kernel function rpa_xla reproduces?"""
-    import importlib
-
-    iface = importlib.import_module(ATTENTION_INTERFACE)
-    out = {}
-    for name, (module, attr) in XLA_KERNELS.items():
-        out[name] = getattr(iface, name, None) is getattr(importlib.import_module(module), attr, _MISSING)
-    return out
-
-
-def _tpu_inference_version() -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("tpu-inference")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def resolve_kernel(choice: str | None) -> str:
-    """`xla` or `pallas` for this process: unset means xla when tpu-inference is a release whose kernels
-    rpa_xla was checked against and binds the v3 kernels (not the experimental batched one); an explicit
-    xla where another kernel is bound is refused, on an unchecked release it runs with a warning."""
-    if choice == "pallas":
-        return "pallas"
-    version = _tpu_inference_version()
-    if version not in XLA_VERIFIED_TPU_INFERENCE:
-        if choice is None:
-            log.info("maxtext_compat: rpa_xla is checked against tpu-inference %s, not %s; the real kernel runs",
-                     "/".join(XLA_VERIFIED_TPU_INFERENCE), version)  # fmt: skip
-            return "pallas"
-        log.warning("maxtext_compat: %s=xla on tpu-inference %s: rpa_xla reproduces the kernels of %s only",
-                    KERNEL_ENV, version, "/".join(XLA_VERIFIED_TPU_INFERENCE))  # fmt: skip
-    unbound = [n for n, ok in _bound_kernels().items() if not ok]
-    if not unbound:
-        return "xla"
-    if choice is None:
-        log.info("maxtext_compat: %s binds %s to another kernel; the real kernel runs", ATTENTION_INTERFACE, unbound)
-        return "pallas"
-    raise ShimRefusedError(
-        "the XLA kernel reproduces tpu-inference's v3 RPA kernels, and this process binds another one",
-        argument=KERNEL_ENV,
-        expected=f"{ATTENTION_INTERFACE}.{unbound[0]} bound to the v3 kernel",
-        found="another kernel (USE_BATCHED_RPA_KERNEL set?)",
-        fix=f"set {KERNEL_ENV}=pallas to run the bound kernel in interpret mode",
-    )
-
-
-def _xla_kernel_factory(name: str) -> Callable[[Original], Callable[..., Any]]:
-    def factory(original: Original) -> Callable[..., Any]:
-        from maxtext_compat import rpa_xla
-
-        replacement = getattr(rpa_xla, XLA_KERNELS[name][1])
-
-        def xla_kernel(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return replacement(*args, **kwargs)
-
-        return xla_kernel
-
-    return factory
-
-
 def _host_copy_factory(original: Original) -> Callable[..., Any]:
     def general_device_put(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         import jax
@@ -348,7 +265,7 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]
         specs.append(PatchSpec(DEVICE_PUT, _host_copy_factory, origin=f"{origin} (F5 private copies of host inputs)"))
     if "rpa" in parts and kernel == "xla":
         for name in XLA_KERNELS:
-            specs.append(PatchSpec(f"{ATTENTION_INTERFACE}:{name}", _xla_kernel_factory(name), aliases=(),
+            specs.append(PatchSpec(f"{ATTENTION_INTERFACE}:{name}", xla_kernel_factory(name), aliases=(),
                                    origin="maxtext_compat.rpa_xla (F3 the kernel's semantics in XLA)"))  # fmt: skip
     if "mesh" in parts:
         specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", _mesh_factory, origin=f"{origin} (F1 CPU mesh)"))
@@ -374,11 +291,12 @@ if PROFILE not in profiles.registered_profiles():  # listed from import on; inst
 # --------------------------------------------------------------------------------------------
 
 
-def _rebuild_sampling_jit() -> None:
-    """`sampling.sample` is `jax.jit(..., compiler_options=<TPU options>)` built at import time."""
+def _sampling_settings() -> list[Setting]:
+    """`sampling.sample` is `jax.jit(..., compiler_options=<TPU options>)` built at import time: re-jitted
+    without them, in its module and wherever it was imported by name."""
     mod = sys.modules.get(SAMPLING)
     if mod is None:
-        return  # imported later, it reads the patched get_sampling_compiler_options
+        return []  # imported later, it reads the patched get_sampling_compiler_options
     import jax
 
     original = mod.sample
@@ -396,20 +314,9 @@ def _rebuild_sampling_jit() -> None:
     # The static arguments of tpu-inference 0.32.0's decorator, where the function still has them.
     params = inspect.signature(inner).parameters
     rebuilt = jax.jit(inner, static_argnames=[n for n in ("mesh", "allow_distributed_sampling") if n in params])
-    mod.sample = rebuilt
     rebound = [m for m in list(sys.modules.values()) if getattr(m, "sample", None) is original and m is not mod]
-    for m in rebound:
-        m.sample = rebuilt
-
-    def undo() -> None:
-        for m in [mod, *rebound]:
-            if getattr(m, "sample", None) is rebuilt:
-                m.sample = original
-
-    _SAMPLING_UNDO.append(undo)
-    from maxtext_compat.shims.registry import ActivePatch, record
-
-    record(ActivePatch(f"{SAMPLING}:sample", "maxtext_compat.shims.cpu_serving (F4 re-jit without options)", PROFILE))
+    origin = f"{__name__}._sampling_settings (F4 re-jit without options)"
+    return [Setting(attribute_slot(m, "sample", f"{m.__name__}:sample"), rebuilt, origin) for m in [mod, *rebound]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,9 +377,8 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
             if patch_set is not None:
                 patch_targets.extend(patch_set.targets)
             if "compiler_options" in wanted:
-                _rebuild_sampling_jit()
-                if SAMPLING in sys.modules:
-                    patch_targets.append(f"{SAMPLING}:sample")
+                sampling = _SAMPLING[0] = apply_settings(PROFILE, _sampling_settings())
+                patch_targets.extend(sampling.targets)
             if "rpa" in wanted:
                 from maxtext_compat.shims import cpu_rpa
 
@@ -497,12 +403,9 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
         return _STATUS
 
 
-def _undo_sampling() -> None:
-    from maxtext_compat.shims.registry import forget
-
-    while _SAMPLING_UNDO:
-        _SAMPLING_UNDO.pop()()
-        forget(f"{SAMPLING}:sample", PROFILE)
+def _undo_sampling() -> list[str]:
+    applied, _SAMPLING[0] = _SAMPLING[0], None
+    return [] if applied is None else remove_settings(applied)
 
 
 def uninstall() -> list[str]:
@@ -515,9 +418,7 @@ def uninstall() -> list[str]:
 
             done.extend(cpu_rpa.uninstall())
             _RPA_OURS = False
-        if _SAMPLING_UNDO:
-            _undo_sampling()
-            done.append(f"{SAMPLING}:sample")
+        done.extend(_undo_sampling())
         if profiles.installed(PROFILE):
             targets = [t for t in (_STATUS.patches if _STATUS else ()) if t not in done]
             profiles.uninstall(PROFILE)

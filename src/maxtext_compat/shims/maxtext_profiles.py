@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from maxtext_compat.adapters.signature import CLASS_KINDS, advertised_signature, native_signature
-from maxtext_compat.backport.call import inner_call
-from maxtext_compat.backport.session import current
+from maxtext_compat.convention.backport.call import inner_call
+from maxtext_compat.convention.backport.session import current
+from maxtext_compat.convention.kinds import CLASS_KINDS
+from maxtext_compat.convention.signature import advertised_signature, native_signature
 from maxtext_compat.matrix import MaxTextRow
 
 BACKPORT = "vllm-backport"
@@ -26,7 +27,7 @@ _registered = threading.Lock()
 
 
 def _row() -> MaxTextRow:
-    from maxtext_compat.testing.tiny import installed_row
+    from maxtext_compat.installed import installed_row
 
     return installed_row()
 
@@ -46,11 +47,11 @@ def _unbound(wrapped: Any, instance: Any, args: tuple) -> tuple[Any, Any, tuple]
 
 def _rule_factory(kind: str, row: MaxTextRow) -> Any:
     def factory(original: Any) -> Any:
-        from maxtext_compat.adapters.wrapper import call_rule, rule_applied_to
+        from maxtext_compat.convention.rule import CallSite, call_rule, rule_applied_to
 
         native = native_signature(original.function)
-        advertised = advertised_signature(native, kind)
         where = f"{getattr(original.owner, '__qualname__', original.owner)}.__call__"
+        site = CallSite(kind, row, native, advertised_signature(native, kind), where, deprecation=False)
 
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             call, module, args = _unbound(wrapped, instance, args)
@@ -63,7 +64,7 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
             def native_call(m: Any, **kw: Any) -> Any:
                 return call(**kw)
 
-            return call_rule(module, native_call, kind, row, native, advertised, where, args, kwargs, deprecation=False)
+            return call_rule(site, module, native_call, args, kwargs)
 
         return wrapper
 
@@ -133,8 +134,9 @@ def rule_specs(row: MaxTextRow) -> list[Any]:
     specs = []
     here = __name__
     for key, kind in CLASS_KINDS:
-        ref = row.classes.get(key)
-        if ref is not None:
+        class_ref = row.classes.get(key)
+        if class_ref is not None:
+            ref = str(class_ref)
             specs.append(
                 PatchSpec(
                     f"{ref}.__call__",
@@ -171,7 +173,7 @@ def call_rule_specs(row: MaxTextRow) -> list[Any]:
 
 
 def backport_specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat.backport import hooks
+    from maxtext_compat.convention.backport import hooks
     from maxtext_compat.shims import PatchSpec
 
     here = __name__
@@ -258,7 +260,7 @@ def _scan_kv_fix(original: Any) -> Any:
             bound.arguments["inputs"] = y
             bound.arguments["kv_cache"] = stacked[idx]
             y2, kv = _call_unscanned(function, call, module, bound.args, bound.kwargs)
-            if kv is not None and getattr(kv, "size", 0):
+            if kv is not None and getattr(kv, "size", None):
                 stacked = stacked.at[idx].set(kv)
             return (y2, stacked, idx + 1), None
         if bound.arguments.get("kv_cache") is not None:  # NNXDecoder's unroll: kv_cache= per layer
@@ -352,6 +354,30 @@ def choose(resolution: Any) -> str | None:
     return None
 
 
+class _CallerConventions:
+    """The caller convention as `shims.install(convention=...)` declares it (see profiles.Declarations)."""
+
+    def check(self, value: str, argument: str) -> str:
+        from maxtext_compat.convention import declared as callers
+
+        return callers.check(value, argument)
+
+    def companion(self, profile: str | None) -> str | None:
+        return for_declared_convention(profile)
+
+    def declare(self, value: str, source: str) -> object:
+        from maxtext_compat.convention import declared as callers
+
+        callers.set_caller_convention(value, source=source)
+        return callers.process_convention()
+
+    def forget(self, token: object) -> None:
+        from maxtext_compat.convention import declared as callers
+
+        if callers.process_convention() is token:
+            callers.set_caller_convention(None)
+
+
 def register() -> None:
     """Register both profiles and, when none is set, the matrix-driven default chooser (idempotent, light).
 
@@ -361,7 +387,7 @@ def register() -> None:
     from maxtext_compat.shims import profiles
 
     with _registered:
-        if not {BACKPORT, DEFECTS, CALL_RULE} <= set(profiles._PROFILES):
+        if not {BACKPORT, DEFECTS, CALL_RULE} <= set(profiles.registered_profiles()):
             profiles.register_profile(BACKPORT, lambda: backport_specs(_row()), description=__doc__.splitlines()[0],
                                       replace=True)  # fmt: skip
             profiles.register_profile(DEFECTS, lambda: defect_specs(_row()),
@@ -369,6 +395,6 @@ def register() -> None:
             profiles.register_profile(CALL_RULE, lambda: call_rule_specs(_row()), replace=True,
                                       description="the call rule (and a declared caller convention) in MaxText's "
                                       "own classes")  # fmt: skip
-            profiles.set_convention_companion(for_declared_convention)
+            profiles.set_declarations(_CallerConventions())
         if not profiles.has_default_profile_chooser():
             profiles.set_default_profile_chooser(choose)

@@ -21,84 +21,58 @@ traced, which is why the patch must be applied before the first trace.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any
+
+from maxtext_compat.shims.patching.settings import Setting, attribute_slot, replaced_value
+from maxtext_compat.shims.patching.state import ABSENT
 
 TARGET_MODULE = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
 PATCHED_NAMES: tuple[str, ...] = ("get", "store", "swap")
 
-_LOCK = threading.RLock()
-_ORIGINALS: dict[str, Any] = {}  # name -> the interpreter's own (decorated) function
-_REPLACEMENTS: dict[str, Any] = {}
+MARK = "__maxtext_compat_view__"  # set on our replacement callbacks
 
 
 def applied() -> bool:
     """Whether the interpreter currently runs through this patch."""
-    with _LOCK:
-        if not _REPLACEMENTS:
-            return False
-        mod = _module()
-        return all(getattr(mod, n) is _REPLACEMENTS[n] for n in PATCHED_NAMES)
+    mod = _module()
+    return all(getattr(getattr(mod, n), MARK, False) for n in PATCHED_NAMES)
 
 
-def apply() -> list[str]:
-    """Patch the interpreter; returns the targets patched now ([] if already applied)."""
-    with _LOCK:
-        if _REPLACEMENTS:
-            return []
-        mod = _module()
-        originals = {n: getattr(mod, n) for n in PATCHED_NAMES}
-        # jax 0.11/0.12: decorated callbacks whose undecorated `__wrapped__` DMAs call, threading a token;
-        # jax 0.9: plain module functions (DMAs call the module's names) without a token.
-        raw = {n: getattr(f, "__wrapped__", f) for n, f in originals.items()}
-        tokened = _takes_token(raw["get"])
-        if not tokened:
-            raw = _add_token(raw)
-        replacements = {
-            "get": _make_get(raw["get"]),
-            "store": _make_store(raw["get"], raw["store"]),
-            "swap": _make_swap(raw["get"], raw["store"], raw["swap"]),
-        }
-        if not tokened:
-            replacements = _drop_token(replacements)
-        decorate = getattr(mod, "fail_on_exception", None)  # the stock callbacks' error reporting, where it exists
-        for name, inner in replacements.items():
-            wrapped = (
-                decorate(inner)
-                if decorate is not None
-                else functools.wraps(inner)(lambda *a, _f=inner, **k: _f(*a, **k))
-            )
-            functools.update_wrapper(wrapped, inner)
-            wrapped.__wrapped__ = inner
-            setattr(mod, name, wrapped)
-            _REPLACEMENTS[name] = wrapped
-        _ORIGINALS.update(originals)
-        return [f"{TARGET_MODULE}:{n}" for n in PATCHED_NAMES]
-
-
-def restore() -> list[str]:
-    """Put the interpreter's own callbacks back (by identity); returns the targets restored.
-
-    A callback replaced by someone else after us is left alone (restoring would undo their patch).
-    """
-    with _LOCK:
-        if not _REPLACEMENTS:
-            return []
-        mod = _module()
-        done = []
-        for name in PATCHED_NAMES:
-            if getattr(mod, name) is _REPLACEMENTS[name]:
-                setattr(mod, name, _ORIGINALS[name])
-                done.append(f"{TARGET_MODULE}:{name}")
-        _REPLACEMENTS.clear()
-        _ORIGINALS.clear()
-        return done
+def settings() -> list[Setting]:
+    """The replacement callbacks as engine settings (applied by `cpu_rpa` in its one transaction)."""
+    mod = _module()
+    originals = {n: getattr(mod, n) for n in PATCHED_NAMES}
+    # jax 0.11/0.12: decorated callbacks whose undecorated `__wrapped__` DMAs call, threading a token;
+    # jax 0.9: plain module functions (DMAs call the module's names) without a token.
+    raw = {n: getattr(f, "__wrapped__", f) for n, f in originals.items()}
+    tokened = _takes_token(raw["get"])
+    if not tokened:
+        raw = _add_token(raw)
+    replacements = {
+        "get": _make_get(raw["get"]),
+        "store": _make_store(raw["get"], raw["store"]),
+        "swap": _make_swap(raw["get"], raw["store"], raw["swap"]),
+    }
+    if not tokened:
+        replacements = _drop_token(replacements)
+    decorate = getattr(mod, "fail_on_exception", None)  # the stock callbacks' error reporting, where it exists
+    out = []
+    for name, inner in replacements.items():
+        wrapped = (
+            decorate(inner) if decorate is not None else functools.wraps(inner)(lambda *a, _f=inner, **k: _f(*a, **k))
+        )
+        functools.update_wrapper(wrapped, inner)
+        wrapped.__wrapped__ = inner
+        setattr(wrapped, MARK, True)
+        target = f"{TARGET_MODULE}:{name}"
+        out.append(Setting(attribute_slot(mod, name, target), wrapped, f"{__name__}.settings"))
+    return out
 
 
 def original(name: str) -> Any:
     """The interpreter's own callback (for tests that check restoration by identity)."""
-    with _LOCK:
-        return _ORIGINALS.get(name, getattr(_module(), name))
+    before = replaced_value(f"{TARGET_MODULE}:{name}")
+    return getattr(_module(), name) if before is ABSENT else before
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from maxtext_compat.errors import InvalidArgumentError, ProfileError
 from maxtext_compat.shims import patching, traced
@@ -53,6 +53,24 @@ ProfileBuilder = Callable[[], Iterable[PatchSpec]]
 ProfileChooser = Callable[["Resolution"], "str | None"]
 
 
+class Declarations(Protocol):
+    """What `install(convention=...)` needs from whoever owns caller conventions (MaxText's profiles).
+
+    Why a protocol: the patching engine knows nothing of MaxText; a declaration is only a value that
+    lives as long as the profile carrying it, and may need a companion profile to reach anything."""
+
+    def check(self, value: str, argument: str) -> str: ...
+
+    def companion(self, profile: str | None) -> str | None: ...
+
+    def declare(self, value: str, source: str) -> object: ...
+
+    def forget(self, token: object) -> None: ...
+
+
+_DECLARATIONS: list[Declarations | None] = [None]
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -67,7 +85,6 @@ _EXPLICIT: set[str] = set()  # installed by install(): stays when the last `with
 _HOLDERS: dict[str, int] = {}  # profile -> `with patched()` blocks running with it, in every thread
 _DECLARED_BY: list[tuple[str, object]] = []  # (profile carrying it, declaration) of install(convention=)
 _CHOOSER: list[ProfileChooser | None] = [None]
-_COMPANION: list[Callable[[str | None], str | None] | None] = [None]
 _COMPANION_OF: dict[str, str] = {}  # profile -> the companion its install(convention=) installed
 
 
@@ -168,9 +185,11 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
             fix="pass install(profile=...) with one of the registered profiles",
         )
     if resolution is None:
-        from maxtext_compat.resolver import resolve
+        from maxtext_compat.installed import installed_resolution
 
-        resolution = resolve()
+        found = installed_resolution(probe=True)  # the probe checks the row against the installed source
+        found.show()
+        resolution = found.resolution
     name = chooser(resolution)
     if name is not None and name not in _PROFILES:
         raise ProfileError(
@@ -196,14 +215,22 @@ def install(
     targets someone else already wrapped instead of raising PatchConflictError. Returns
     None only when the chooser decided no shim is needed. `convention` declares what this
     process's code expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see
-    maxtext_compat.convention) until the profile is uninstalled.
+    maxtext_compat.convention.declared) until the profile is uninstalled.
     """
-    from maxtext_compat import convention as callers
-
+    decl = _DECLARATIONS[0]
     if convention is not None:
-        callers.check(convention, "convention")  # before any patch: all or nothing
+        if decl is None:
+            raise ProfileError(
+                "install(convention=...) has no caller-convention owner registered",
+                argument="convention",
+                expected="MaxText's profiles registered (they own the caller convention)",
+                found=f"registered profiles {sorted(_PROFILES)}",
+                fix="install through maxtext_compat.shims (it registers them), or call "
+                "maxtext_compat.shims.maxtext_profiles.register() first",
+            )
+        decl.check(convention, "convention")  # before any patch: all or nothing
     name = profile if profile is not None else default_profile(resolution)
-    companion = _COMPANION[0](name) if convention is not None and _COMPANION[0] is not None else None
+    companion = decl.companion(name) if convention is not None and decl is not None else None
     if companion is not None and companion not in _PROFILES:
         raise ProfileError(
             f"install(convention={convention!r}) needs profile {companion!r}, which is not registered",
@@ -215,8 +242,8 @@ def install(
         )
     if name is None and companion is None:
         log.info("maxtext-compat: the default-profile chooser selected no shim for this install")
-        if convention is not None:
-            callers.set_caller_convention(convention, source="shims.install(convention=)")
+        if convention is not None and decl is not None:
+            decl.declare(convention, source="shims.install(convention=)")
         return None
     names = [n for n in (name, companion) if n is not None]
     installed_now: list[str] = []
@@ -233,21 +260,22 @@ def install(
         raise
     with patching.LOCK:
         _EXPLICIT.update(names)  # installed for good: a `with patched()` block leaving does not remove them
-    if convention is not None:
+    if convention is not None and decl is not None:
         # The declaration lives as long as the profile that carries the rule: the companion when one was
         # needed (without it the declaration reaches nothing), else the profile itself.
         owner = companion if companion is not None else names[0]
-        callers.set_caller_convention(convention, source=f"shims.install({name or owner!r}, convention=)")
-        _DECLARED_BY[:] = [(owner, callers.process_convention())]
+        token = decl.declare(convention, source=f"shims.install({name or owner!r}, convention=)")
+        _DECLARED_BY[:] = [(owner, token)]
         if companion is not None and name is not None and companion in installed_now:
             _COMPANION_OF[name] = companion  # uninstalling the profile removes what it brought
     return sets[names[0]]
 
 
-def set_convention_companion(companion: Callable[[str | None], str | None] | None) -> None:
-    """Set what install(convention=...) also installs for a profile (MaxText's: the call rule, see
-    maxtext_profiles.for_declared_convention): a declaration only reaches classes that apply the rule."""
-    _COMPANION[0] = companion
+def set_declarations(declarations: Declarations | None) -> Declarations | None:
+    """Set who owns caller conventions for `install(convention=...)`; returns the previous owner."""
+    with patching.LOCK:
+        previous, _DECLARATIONS[0] = _DECLARATIONS[0], declarations
+        return previous
 
 
 def _install(name: str, stack: bool) -> PatchSet:
@@ -312,13 +340,12 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
     return names
 
 
-def _forget_declaration(declared: object) -> None:
+def _forget_declaration(token: object) -> None:
     """Uninstalling the profile that carries a declared caller convention removes the declaration
-    (unless something declared another one since)."""
-    from maxtext_compat import convention as callers
-
-    if callers.process_convention() is declared:
-        callers.set_caller_convention(None)
+    (unless something declared another one since: the owner compares tokens)."""
+    decl = _DECLARATIONS[0]
+    if decl is not None:
+        decl.forget(token)
 
 
 def installed(profile: str | None = None) -> bool:

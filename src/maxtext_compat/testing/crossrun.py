@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maxtext_compat.errors import CompatError, InvalidArgumentError
+from maxtext_compat.errors import CrossRunError, InvalidArgumentError
 
 # What a CPU subprocess needs before jax / tpu-inference import (see maxtext_runtime.md, Q6).
 CPU_ENV = {
@@ -33,10 +33,6 @@ CPU_ENV = {
     "TPU_ACCELERATOR_TYPE": "cpu",
     "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
 }
-
-
-class CrossRunError(CompatError, RuntimeError):
-    """A run in another environment failed or produced no result."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ cached because the plugin is loaded in every pytest run but most runs never ask.
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
@@ -64,12 +63,10 @@ class PluginState:
     def installed(self) -> Resolution:
         """The installed versions' resolution (computed once; a resolver error is re-raised on every ask)."""
         if self._installed is None and self._installed_error is None:
-            from maxtext_compat.resolver import resolve
+            from maxtext_compat.installed import installed_resolution
 
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # a nearest-row match is shown by installed_label()
-                    self._installed = resolve(probe=False)
+            try:  # a nearest-row match is shown by installed_label(), not warned
+                self._installed = installed_resolution().resolution
             except Exception as exc:
                 self._installed_error = exc
         if self._installed_error is not None:

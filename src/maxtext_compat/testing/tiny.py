@@ -8,17 +8,14 @@ were measured on CPU: families default (Llama-style), qwen3 (dense) and gemma3.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import tempfile
-from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from maxtext_compat.errors import InvalidArgumentError, ResolutionError
+from maxtext_compat.errors import InvalidArgumentError
+from maxtext_compat.installed import MaxTextApi as MaxTextApi  # re-exported: tests reach the release through tiny
+from maxtext_compat.installed import api, config_mesh, mesh_context
+from maxtext_compat.installed import installed_row as installed_row
 from maxtext_compat.matrix import MaxTextRow
-from maxtext_compat.probes import package_dir
 from maxtext_compat.xla_flags import keep_xla_flags
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -54,82 +51,7 @@ TINY: dict[str, Any] = {
 }
 
 
-def installed_row(*, warn_unknown: bool = False) -> MaxTextRow:
-    """The matrix row of the installed MaxText (typed error when none is installed).
-
-    warn_unknown: an unknown release (nearest row) warns at the caller's line outside
-    maxtext-compat (`wrap()` does this, as the README promises); otherwise warnings are dropped."""
-    import warnings
-
-    from maxtext_compat.errors import UnknownReleaseWarning
-    from maxtext_compat.resolver import resolve
-
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        res = resolve(probe=False)
-    if warn_unknown:
-        from maxtext_compat.adapters.policy import warn_at_call_site
-
-        for w in seen:
-            if issubclass(w.category, UnknownReleaseWarning):
-                warn_at_call_site(str(w.message), UnknownReleaseWarning)
-    if res.maxtext is None:
-        raise ResolutionError(
-            "MaxText is not installed", fix="install a MaxText release (see `maxtext-compat envs` for working pins)"
-        )
-    return res.maxtext
-
-
-@dataclass
-class MaxTextApi:
-    """The installed release's modules, found through its matrix row (imports MaxText lazily)."""
-
-    row: MaxTextRow
-
-    @cached_property
-    def pyconfig(self) -> Any:
-        return importlib.import_module(self.row.config.pyconfig)
-
-    @cached_property
-    def package_dir(self) -> Path:
-        d = package_dir(self.row.import_root)
-        if d is None:
-            raise ResolutionError(f"package {self.row.import_root!r} is not importable", fix="install MaxText")
-        return d
-
-    @cached_property
-    def common_types(self) -> Any:
-        root = self.row.import_root
-        name = "MaxText.common_types" if root == "MaxText" else "maxtext.common.common_types"
-        return importlib.import_module(name)
-
-    @cached_property
-    def maxtext_utils(self) -> Any:
-        root = self.row.import_root
-        return importlib.import_module(f"{root}.maxtext_utils" if root == "MaxText" else "maxtext.utils.maxtext_utils")
-
-    def cls(self, key: str) -> Any:
-        ref = self.row.classes.get(key)
-        if ref is None:
-            raise InvalidArgumentError(
-                f"MaxText {self.row.name} has no {key} class",
-                argument="key",
-                found=key,
-                fix=f"use one of {[k for k, v in self.row.classes.items() if v is not None]}",
-            )
-        return ref.load()
-
-    def layer_cls(self, family: str) -> Any:
-        return self.row.decoder_layers[family].load()
-
-    @property
-    def modes(self) -> tuple[str, str, str]:
-        ct = self.common_types
-        return ct.MODEL_MODE_TRAIN, ct.MODEL_MODE_PREFILL, ct.MODEL_MODE_AUTOREGRESSIVE
-
-
-def api(row: MaxTextRow | None = None) -> MaxTextApi:
-    return MaxTextApi(row if row is not None else installed_row())
+tiny_mesh = config_mesh  # the name tests and recipes use
 
 
 def tiny_config(
@@ -178,47 +100,6 @@ def tiny_config(
         ov["enable_checkpointing"] = True  # pyconfig of 0.1.0-0.2.4 refuses to load a checkpoint otherwise
     with keep_xla_flags():
         return a.pyconfig.initialize(["maxtext_compat", str(yml)], **ov)
-
-
-def tiny_mesh(cfg: Any, tp: int = 1, *, row: MaxTextRow | None = None) -> Any:
-    """A mesh over the first `tp` devices (the suite runs with 4 virtual CPU devices)."""
-    import jax
-
-    devices = jax.devices()
-    if len(devices) < tp:
-        raise InvalidArgumentError(
-            "not enough devices for this tensor-parallel degree",
-            argument="tp",
-            expected=f"<= {len(devices)}",
-            found=tp,
-            fix="set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax",
-        )
-    a = api(row)
-    utils = a.maxtext_utils
-    if hasattr(utils, "get_mesh_from_config"):
-        return utils.get_mesh_from_config(cfg, devices[:tp])
-    from jax.sharding import Mesh  # 0.1.0, 0.2.0, 0.2.1
-
-    return Mesh(utils.create_device_mesh(cfg, devices[:tp]), cfg.mesh_axes)
-
-
-def mesh_context(cfg: Any, mesh: Any, *, row: MaxTextRow | None = None) -> contextlib.ExitStack:
-    """The mesh + logical-axis-rules context each release expects around calls."""
-    import jax
-
-    stack = contextlib.ExitStack()
-    a = api(row)
-    if a.row.import_root == "MaxText" or not hasattr(jax, "set_mesh"):
-        from flax.linen import partitioning as nn_partitioning
-
-        stack.enter_context(mesh)
-        stack.enter_context(nn_partitioning.axis_rules(cfg.logical_axis_rules))
-    else:
-        from flax.core.spmd import logical_axis_rules
-
-        stack.enter_context(jax.set_mesh(mesh))
-        stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
-    return stack
 
 
 def tiny_attention(
@@ -281,3 +162,18 @@ def tiny_transformer(
     mode = model_mode if model_mode is not None else a.modes[0]
     with mesh_context(cfg, mesh, row=a.row):
         return Transformer(cfg, mesh, quant=None, model_mode=mode, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+
+
+def dense_twin(model: Any, config: Any, mesh: Any = None) -> Any:
+    """A train-mode Transformer built from `config` (e.g. base.yml, dot_product) holding `model`'s weights.
+
+    Why: on MaxText 0.2.x the paged path needs a vllm.yml config (attention="vllm_rpa"), whose
+    model cannot run the dense reference; the two configs have identical parameter trees, so
+    the twin gets the same weights (shape-checked, maxtext_compat.weights.load_params).
+    """
+    from maxtext_compat.weights import export_params, load_params
+
+    mesh = mesh if mesh is not None else tiny_mesh(config, 1)
+    twin = tiny_transformer(config, mesh)
+    load_params(twin, export_params(model), where="the dense twin")
+    return twin

@@ -26,19 +26,18 @@ Rules:
 Modules (one job each): `spec` (what a shim declares), `targets` (resolve a target along
 the MRO), `conflicts` (refuse foreign patches), `aliases` (the alias sweep), `wrappers`
 (our wrapt objects and their cache), `writes` (the only slot mutations, with rollback),
-`transaction` (apply/remove), `state` (LOCK, installed layers), `layers`, `describe`.
+`transaction` (apply/remove), `state` (LOCK, installed layers and their descriptions).
 """
 
-from maxtext_compat.shims.patching.layers import PatchSet
 from maxtext_compat.shims.patching.spec import Original, PatchSpec, add_keyword_params
-from maxtext_compat.shims.patching.state import _OURS as _OURS  # adapters.wrapper looks layers up by id
-from maxtext_compat.shims.patching.state import LOCK, MARKER
+from maxtext_compat.shims.patching.state import LOCK, MARKER, InstalledLayer, PatchSet, installed_layers, layer_of
 from maxtext_compat.shims.patching.targets import import_modules
 from maxtext_compat.shims.patching.transaction import apply, check_removable, drift, remove
 
 __all__ = [
     "LOCK",
     "MARKER",
+    "InstalledLayer",
     "Original",
     "PatchSet",
     "PatchSpec",
@@ -47,5 +46,7 @@ __all__ = [
     "check_removable",
     "drift",
     "import_modules",
+    "installed_layers",
+    "layer_of",
     "remove",
 ]

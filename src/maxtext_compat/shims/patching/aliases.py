@@ -52,7 +52,7 @@ def _modules_in(scope: tuple[str, ...]) -> list[Any]:
     return list(out.values())
 
 
-def _sweep(spec: PatchSpec, original: Original) -> list[tuple[Any, str]]:
+def sweep_aliases(spec: PatchSpec, original: Original) -> list[tuple[Any, str]]:
     """Module globals (in scope) that hold the original by identity, except the target slot itself."""
     scope = _scope(spec, original)
     if not scope:

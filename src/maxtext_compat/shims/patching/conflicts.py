@@ -8,11 +8,9 @@ import types
 from typing import Any
 
 from maxtext_compat.errors import PatchConflictError, PatchError
-from maxtext_compat.shims.patching.describe import _describe, _is_proxy, _label
-from maxtext_compat.shims.patching.layers import _Layer
 from maxtext_compat.shims.patching.spec import Original, PatchSpec
-from maxtext_compat.shims.patching.state import _OURS, MARKER
-from maxtext_compat.shims.patching.writes import _read
+from maxtext_compat.shims.patching.state import MARKER, OURS, Layer, describe_object, is_proxy, label_of
+from maxtext_compat.shims.patching.writes import read_slot
 
 
 def _home_module(holder: Any) -> str | None:
@@ -32,24 +30,25 @@ def _foreign(original: Original) -> str | None:
     Not detectable: wrappers that copy `__module__` with functools.wraps (like Flax's own).
     """
     raw = original.raw
-    layer = _OURS.get(id(raw))
+    layer = OURS.get(id(raw))
     if layer is not None and layer.wrapper is raw:
         return None
-    fn = original.function
+    fn: Any = original.function
     for obj in (raw, fn):
-        if _is_proxy(obj):
+        if is_proxy(obj):
             kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
-            return f"{kind} (a wrapt wrapper) around {_describe(obj.__wrapped__)}"
-    marker = _read(original.owner, MARKER)
+            return f"{kind} (a wrapt wrapper) around {describe_object(obj.__wrapped__)}"
+    marker = read_slot(original.owner, MARKER)
     if isinstance(marker, dict) and original.attribute in marker:
         return (
-            f"{_describe(raw)}, which maxtext-compat's marker lists as patched by {list(marker[original.attribute])} "
+            f"{describe_object(raw)}, which maxtext-compat's marker lists as patched by "
+            f"{list(marker[original.attribute])} "
             "although this copy of maxtext-compat did not install it (imported twice, reloaded, or replaced since)"
         )
     home = _home_module(original.defined_in)
     defined = getattr(fn, "__module__", None) if inspect.isfunction(fn) or _has_wrapped(fn) else None
     if home is not None and isinstance(defined, str) and defined != home and not _reexported(fn, original):
-        return f"{_describe(fn)}, defined in {defined!r} rather than {home!r}"
+        return f"{describe_object(fn)}, defined in {defined!r} rather than {home!r}"
     return None
 
 
@@ -61,7 +60,7 @@ def _reexported(fn: Any, original: Original) -> bool:
         isinstance(original.owner, types.ModuleType)
         and name == original.attribute
         and home is not None
-        and _read(home, name) is original.raw
+        and read_slot(home, name) is original.raw
     )
 
 
@@ -72,11 +71,11 @@ def _has_wrapped(obj: Any) -> bool:
         return False
 
 
-def _raise_same_slot(profile: str, first: _Layer, second: _Layer, obj: Any, name: str) -> None:
+def raise_same_slot(profile: str, first: Layer, second: Layer, obj: Any, name: str) -> None:
     twice = first.owner is second.owner and first.attribute == second.attribute
     raise PatchError(
         f"profile {profile!r} patches {second.target} twice" if twice else
-        f"two targets of profile {profile!r} write the same slot {_label(obj, name)}",
+        f"two targets of profile {profile!r} write the same slot {label_of(obj, name)}",
         argument=profile,
         expected="each module/class slot patched once per profile",
         found=f"{first.target} and {second.target}" + ("" if twice else " (an alias sweep reaches the other)"),
@@ -84,7 +83,7 @@ def _raise_same_slot(profile: str, first: _Layer, second: _Layer, obj: Any, name
     )  # fmt: skip
 
 
-def _check_conflicts(planned: list[tuple[PatchSpec, Original]]) -> None:
+def check_conflicts(planned: list[tuple[PatchSpec, Original]]) -> None:
     for spec, original in planned:
         foreign = _foreign(original)
         if foreign is not None:

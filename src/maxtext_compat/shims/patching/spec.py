@@ -39,7 +39,7 @@ class PatchSpec:
     origin: str | None = None
 
     def __post_init__(self) -> None:
-        _parse_target(self.target)
+        parse_target(self.target)
         if not callable(self.factory):
             raise InvalidArgumentError(
                 "PatchSpec.factory must be callable",
@@ -73,7 +73,7 @@ class PatchSpec:
 
     @property
     def module(self) -> str:
-        return _parse_target(self.target)[0]
+        return parse_target(self.target)[0]
 
     def describe_origin(self) -> str:
         if self.origin:
@@ -142,7 +142,7 @@ def add_keyword_params(*names: str, default: Any = None) -> Callable[[Callable[.
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_target(target: str) -> tuple[str, tuple[str, ...]]:
+def parse_target(target: str) -> tuple[str, tuple[str, ...]]:
     module, sep, path = target.partition(":") if isinstance(target, str) else ("", "", "")
     parts = tuple(path.split(".")) if path else ()
     if not sep or not module or not parts or not all(p.isidentifier() for p in (*module.split("."), *parts)):

@@ -1,21 +1,22 @@
-"""The process-wide state of the patching core: the lock, installed layers, the marker name.
+"""The process-wide state of the patching core: the lock, the installed layers, and how they are described.
 
-Why a module of its own: every other part (resolution, conflict checks, writes, the
-transaction) reads these, and none of them may own them without an import cycle.
+Why one module: every other part (resolution, conflict checks, writes, the transaction) reads
+these; an installed layer describes itself through the same table, so they cannot be apart without a cycle.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import wrapt
 
 # Imported before the fork hook below is registered: registry's hook must be registered
 # first so the before-fork hooks (run in reverse order) take LOCK, then the registry lock.
-from maxtext_compat.shims import registry  # noqa: F401
-
-if TYPE_CHECKING:
-    from maxtext_compat.shims.patching.layers import _Layer
+from maxtext_compat.shims import registry
 
 # One lock for every check-and-swap in the process (profiles.py takes it too, re-entrantly).
 LOCK = threading.RLock()
@@ -27,19 +28,147 @@ class _Missing:
         return "<absent>"
 
 
-_ABSENT: Any = _Missing()  # "no entry in this __dict__": restoring it means deleting the slot
+ABSENT: Any = _Missing()  # "no entry in this __dict__": restoring it means deleting the slot
 
-_PID = [os.getpid()]  # refreshed after fork; os.getpid() per record is a syscall
+PID = [os.getpid()]  # refreshed after fork; os.getpid() per record is a syscall
 
 # id(installed object) -> layer, for every layer installed by this copy of the library.
-_OURS: dict[int, _Layer] = {}
+OURS: dict[int, Layer] = {}
 
 
 # A fork while another thread is inside a check-and-swap would leave the child's lock held
 # forever; taking it around fork makes the child inherit a consistent, unlocked state.
 def _after_fork_in_child() -> None:
-    _PID[0] = os.getpid()
+    PID[0] = os.getpid()
     LOCK.release()
 
 
 os.register_at_fork(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=_after_fork_in_child)
+
+
+# --- installed layers -------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Layer:
+    """One installed target (internal, mutable: a layer beneath may be spliced out later)."""
+
+    profile: str
+    target: str
+    origin: str
+    owner: Any
+    attribute: str
+    created: bool  # the slot did not exist on owner before (inherited attribute): restore deletes it
+    original: Any
+    shim: Any  # our FunctionWrapper (innermost proxy of this layer)
+    wrapper: Any  # the object written (shim, or a with_signature proxy around it)
+    aliases: list[tuple[Any, str]]
+    stacked_on: str
+
+    def locations(self) -> list[tuple[Any, str, bool]]:
+        return [(self.owner, self.attribute, self.created)] + [(m, n, False) for m, n in self.aliases]
+
+    def record(self) -> registry.ActivePatch:
+        return registry.ActivePatch(
+            target=self.target,
+            origin=self.origin,
+            profile=self.profile,
+            aliases=tuple(label_of(m, n) for m, n in self.aliases),
+            stacked_on=self.stacked_on,
+            pid=PID[0],
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class PatchSet:
+    """The patches one profile installed in this process; pass it to `remove()`."""
+
+    profile: str
+    pid: int
+    _layers: tuple[Layer, ...] = field(repr=False)
+
+    @property
+    def patches(self) -> tuple[registry.ActivePatch, ...]:
+        return tuple(layer.record() for layer in self._layers)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(layer.target for layer in self._layers)
+
+
+# --- descriptions for error messages ------------------------------------------------------
+
+
+def is_proxy(obj: Any) -> bool:
+    return issubclass(type(obj), wrapt.BaseObjectProxy)
+
+
+def label_of(obj: Any, name: str) -> str:
+    """'module:attr', 'module:Class.attr', or the wrapper whose __wrapped__ is meant (for messages)."""
+    if isinstance(obj, types.ModuleType):
+        return f"{obj.__name__}:{name}"
+    if isinstance(obj, type):
+        return f"{obj.__module__}:{obj.__qualname__}.{name}"
+    layer = next((la for la in OURS.values() if la.shim is obj), None)
+    if layer is not None:
+        return f"the {layer.profile!r} layer of {layer.target}"
+    return f"{type(obj).__qualname__} wrapper ({name})"
+
+
+def name_of(obj: Any) -> str:
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__
+    if isinstance(obj, type):
+        return f"{obj.__module__}.{obj.__qualname__}"
+    return repr(obj)
+
+
+def describe_object(obj: Any) -> str:
+    if obj is ABSENT:
+        return "nothing (the attribute was deleted)"
+    if is_proxy(obj):
+        layer = OURS.get(id(obj))
+        if layer is not None and layer.wrapper is obj:
+            return f"the maxtext-compat wrapper of profile {layer.profile!r}"
+        try:
+            inner = describe_object(obj.__wrapped__)
+        except Exception:  # a broken proxy: say so instead of failing the error message
+            inner = "?"
+        return f"{type(obj).__qualname__}({inner})"
+    if isinstance(obj, (staticmethod, classmethod)):
+        return f"{type(obj).__name__}({describe_object(obj.__func__)})"
+    mod = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None)
+    if isinstance(mod, str) and isinstance(name, str):
+        return f"{mod}.{name}"
+    text = repr(obj)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --- the public view of the ledger ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InstalledLayer:
+    """One installed patch as others may see it: the profile, the target, and our innermost wrapper."""
+
+    profile: str
+    target: str
+    shim: Any
+
+
+def layer_of(obj: Any) -> InstalledLayer | None:
+    """The layer whose installed object `obj` is (an entry read from a class or module dict), else None.
+
+    Why by object and not by registry: a caller holding `obj` asks about that object, so an
+    uninstall racing with the question cannot make the answer describe something else."""
+    layer = OURS.get(id(obj))
+    if layer is None or layer.wrapper is not obj:
+        return None
+    return InstalledLayer(layer.profile, layer.target, layer.shim)
+
+
+def installed_layers() -> tuple[InstalledLayer, ...]:
+    """Every layer this copy of the library has installed in this process (the ledger `doctor` reads)."""
+    unique = {id(layer): layer for layer in list(OURS.values())}
+    return tuple(InstalledLayer(la.profile, la.target, la.shim) for la in unique.values())

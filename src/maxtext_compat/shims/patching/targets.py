@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from maxtext_compat.errors import PatchTargetError
-from maxtext_compat.shims.patching.describe import _describe, _name_of
-from maxtext_compat.shims.patching.spec import Original, PatchSpec, _parse_target
+from maxtext_compat.shims.patching.spec import Original, PatchSpec, parse_target
+from maxtext_compat.shims.patching.state import describe_object, name_of
 
 
 def import_modules(specs: Iterable[PatchSpec]) -> None:
@@ -61,7 +61,7 @@ def _lookup(obj: Any, name: str, target: str) -> tuple[Any, Any]:
                 return d[name], holder
     except Exception as exc:
         raise PatchTargetError(
-            f"reading {name!r} from {_name_of(obj)} raised while resolving {target}",
+            f"reading {name!r} from {name_of(obj)} raised while resolving {target}",
             argument=target,
             expected=f"attribute {name!r} readable from the class/module __dict__",
             found=f"{type(exc).__name__}: {exc}",
@@ -70,7 +70,7 @@ def _lookup(obj: Any, name: str, target: str) -> tuple[Any, Any]:
     known = sorted({k for h in holders for k in _dict_of(h, target) if isinstance(k, str)})
     close = difflib.get_close_matches(name, known, n=3)
     dynamic = any("__getattr__" in _dict_of(h, target) for h in holders if h is not object)
-    found = f"no {name!r} in the dict of {_name_of(obj)}" + (" or its bases" if isinstance(obj, type) else "")
+    found = f"no {name!r} in the dict of {name_of(obj)}" + (" or its bases" if isinstance(obj, type) else "")
     if close:
         found += f"; similar names: {close}"
     if dynamic:
@@ -78,15 +78,15 @@ def _lookup(obj: Any, name: str, target: str) -> tuple[Any, Any]:
     raise PatchTargetError(
         f"cannot find the patch target {target}",
         argument=target,
-        expected=f"attribute {name!r} defined on {_name_of(obj)}",
+        expected=f"attribute {name!r} defined on {name_of(obj)}",
         found=found,
         fix="the installed release moved or renamed it: update the profile's target, "
         "or use the profile for the installed release (`maxtext-compat doctor`)",
     )
 
 
-def _resolve(spec: PatchSpec, profile: str) -> Original:
-    module_name, path = _parse_target(spec.target)
+def resolve_target(spec: PatchSpec, profile: str) -> Original:
+    module_name, path = parse_target(spec.target)
     module = sys.modules.get(module_name)
     if module is None:
         raise PatchTargetError(
@@ -116,7 +116,7 @@ def _resolve(spec: PatchSpec, profile: str) -> Original:
             f"{spec.target} is not a function or method",
             argument=spec.target,
             expected="a function, method, staticmethod, classmethod or callable",
-            found=f"{type(raw).__name__} {_describe(raw)}",
+            found=f"{type(raw).__name__} {describe_object(raw)}",
             fix="only callables can be wrapped; patch the callable that uses this value",
         )
     return Original(spec.target, profile, owner, attribute, raw, function, kind, defined_in)

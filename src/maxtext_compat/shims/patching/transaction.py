@@ -8,15 +8,23 @@ from typing import Any
 
 from maxtext_compat.errors import PatchConflictError
 from maxtext_compat.shims import registry
-from maxtext_compat.shims.patching.aliases import _sweep
-from maxtext_compat.shims.patching.conflicts import _check_conflicts, _raise_same_slot
-from maxtext_compat.shims.patching.describe import _describe, _is_proxy, _label
-from maxtext_compat.shims.patching.layers import PatchSet, _Layer
+from maxtext_compat.shims.patching.aliases import sweep_aliases
+from maxtext_compat.shims.patching.conflicts import check_conflicts, raise_same_slot
 from maxtext_compat.shims.patching.spec import Original, PatchSpec
-from maxtext_compat.shims.patching.state import _ABSENT, _OURS, _PID, LOCK
-from maxtext_compat.shims.patching.targets import _resolve
-from maxtext_compat.shims.patching.wrappers import _wrappers
-from maxtext_compat.shims.patching.writes import _commit, _Markers, _read, _Write
+from maxtext_compat.shims.patching.state import (
+    ABSENT,
+    LOCK,
+    OURS,
+    PID,
+    Layer,
+    PatchSet,
+    describe_object,
+    is_proxy,
+    label_of,
+)
+from maxtext_compat.shims.patching.targets import resolve_target
+from maxtext_compat.shims.patching.wrappers import make_wrappers
+from maxtext_compat.shims.patching.writes import Markers, Write, commit_writes, read_slot
 
 _MAX_CHAIN = 64
 
@@ -29,38 +37,38 @@ def apply(profile: str, specs: Sequence[PatchSpec], *, stack: bool = False) -> P
     a `PatchConflictError`. Targets patched by another of our profiles are always stacked.
     """
     with LOCK:
-        planned = [(spec, _resolve(spec, profile)) for spec in specs]
+        planned = [(spec, resolve_target(spec, profile)) for spec in specs]
         if not stack:
-            _check_conflicts(planned)
+            check_conflicts(planned)
         layers = [_build_layer(spec, original, profile) for spec, original in planned]
-        writes: list[_Write] = []
-        markers = _Markers()
-        slots: dict[tuple[int, str], _Layer] = {}
+        writes: list[Write] = []
+        markers = Markers()
+        slots: dict[tuple[int, str], Layer] = {}
         for layer in layers:
             for obj, name, _created in layer.locations():
                 other = slots.setdefault((id(obj), name), layer)
                 if other is not layer:
-                    _raise_same_slot(profile, other, layer, obj, name)
-                writes.append(_Write(obj, name, layer.wrapper, _read(obj, name)))
+                    raise_same_slot(profile, other, layer, obj, name)
+                writes.append(Write(obj, name, layer.wrapper, read_slot(obj, name)))
             markers.add(layer.owner, layer.attribute, profile)
         writes.extend(markers.writes())
-        _commit(writes, f"installing profile {profile!r}")
+        commit_writes(writes, f"installing profile {profile!r}")
         for layer in layers:
-            _OURS[id(layer.wrapper)] = layer
+            OURS[id(layer.wrapper)] = layer
         registry.record_many([layer.record() for layer in layers])
-        return PatchSet(profile, _PID[0], tuple(layers))
+        return PatchSet(profile, PID[0], tuple(layers))
 
 
-def _build_layer(spec: PatchSpec, original: Original, profile: str) -> _Layer:
-    shim, wrapper = _wrappers(spec, original, profile)
-    below = _OURS.get(id(original.raw))
+def _build_layer(spec: PatchSpec, original: Original, profile: str) -> Layer:
+    shim, wrapper = make_wrappers(spec, original, profile)
+    below = OURS.get(id(original.raw))
     if below is not None and below.wrapper is original.raw:
         stacked_on = f"profile {below.profile}"
-    elif _is_proxy(original.raw):
+    elif is_proxy(original.raw):
         stacked_on = f"foreign {type(original.raw).__qualname__}"
     else:
         stacked_on = ""
-    return _Layer(
+    return Layer(
         profile=profile,
         target=spec.target,
         origin=spec.describe_origin(),
@@ -70,49 +78,50 @@ def _build_layer(spec: PatchSpec, original: Original, profile: str) -> _Layer:
         original=original.raw,
         shim=shim,
         wrapper=wrapper,
-        aliases=_sweep(spec, original),
+        aliases=sweep_aliases(spec, original),
         stacked_on=stacked_on,
     )
 
 
 @dataclass(slots=True)
 class _Removal:
-    layers: list[_Layer]
-    writes: list[_Write]
+    layers: list[Layer]
+    writes: list[Write]
     problems: list[str]
-    fixups: list[tuple[_Layer, _Layer]]  # (layer stacked on a removed one, the removed one)
+    fixups: list[tuple[Layer, Layer]]  # (layer stacked on a removed one, the removed one)
 
 
 def _plan_removal(patch_set: PatchSet, *, force: bool) -> _Removal:
-    layers = [layer for layer in patch_set._layers if _OURS.get(id(layer.wrapper)) is layer]
+    layers = [layer for layer in patch_set._layers if OURS.get(id(layer.wrapper)) is layer]
     plan = _Removal(layers, [], [], [])
-    markers = _Markers()
+    markers = Markers()
     spliced: set[int] = set()
     removed = {id(layer.wrapper) for layer in layers}
-    for above in _OURS.values():  # our layers wrapping a removed one: splice it out beneath them
+    for above in OURS.values():  # our layers wrapping a removed one: splice it out beneath them
         if id(above.original) in removed and id(above.wrapper) not in removed:
-            layer = _OURS[id(above.original)]
-            plan.writes.append(_Write(above.shim, "__wrapped__", layer.original, layer.wrapper))
+            layer = OURS[id(above.original)]
+            plan.writes.append(Write(above.shim, "__wrapped__", layer.original, layer.wrapper))
             spliced.add(id(above.shim))
             plan.fixups.append((above, layer))
     for layer in reversed(layers):
         for obj, name, created in layer.locations():
-            current = _read(obj, name)
-            restored = _ABSENT if created else layer.original
+            current = read_slot(obj, name)
+            restored = ABSENT if created else layer.original
             if current is layer.wrapper:
-                plan.writes.append(_Write(obj, name, restored, current))
+                plan.writes.append(Write(obj, name, restored, current))
                 continue
             proxy = _proxy_above(current, layer.wrapper)
             if proxy is not None:
                 if id(proxy) not in spliced:
                     spliced.add(id(proxy))
-                    plan.writes.append(_Write(proxy, "__wrapped__", layer.original, layer.wrapper))
+                    plan.writes.append(Write(proxy, "__wrapped__", layer.original, layer.wrapper))
             elif force:
-                if not (current is _ABSENT and restored is _ABSENT):
-                    plan.writes.append(_Write(obj, name, restored, current))
+                if not (current is ABSENT and restored is ABSENT):
+                    plan.writes.append(Write(obj, name, restored, current))
             else:
-                where = _label(obj, name)
-                plan.problems.append(f"{where} holds {_describe(current)} instead of the {layer.profile!r} wrapper")
+                where = label_of(obj, name)
+                held = describe_object(current)
+                plan.problems.append(f"{where} holds {held} instead of the {layer.profile!r} wrapper")
         markers.discard(layer.owner, layer.attribute, layer.profile)
     plan.writes.extend(markers.writes())
     return plan
@@ -152,7 +161,7 @@ def remove(patch_set: PatchSet, *, force: bool = False) -> None:
     with LOCK:
         plan = _plan_removal(patch_set, force=force)
         _raise_problems(patch_set, plan.problems)
-        _commit(plan.writes, f"uninstalling profile {patch_set.profile!r}")
+        commit_writes(plan.writes, f"uninstalling profile {patch_set.profile!r}")
         for above, layer in plan.fixups:
             above.original = layer.original
             above.stacked_on = layer.stacked_on
@@ -160,7 +169,7 @@ def remove(patch_set: PatchSet, *, force: bool = False) -> None:
                 above.created = layer.created
             registry.record(above.record())
         for layer in plan.layers:
-            del _OURS[id(layer.wrapper)]
+            del OURS[id(layer.wrapper)]
         registry.forget_many([(layer.target, layer.profile) for layer in plan.layers])
 
 
@@ -168,7 +177,7 @@ def _proxy_above(current: Any, wrapper: Any) -> Any:
     """The wrapt proxy whose __wrapped__ is `wrapper`, following only wrapt proxies from `current`."""
     obj = current
     for _ in range(_MAX_CHAIN):
-        if not _is_proxy(obj):
+        if not is_proxy(obj):
             return None
         inner = obj.__wrapped__
         if inner is wrapper:

@@ -9,7 +9,7 @@ import wrapt
 
 from maxtext_compat.errors import PatchError
 from maxtext_compat.shims.patching.spec import Original, PatchSpec
-from maxtext_compat.shims.patching.state import _OURS
+from maxtext_compat.shims.patching.state import OURS
 
 
 class _ShimBoundWrapper(wrapt.BoundFunctionWrapper):
@@ -29,6 +29,14 @@ class _ShimWrapper(wrapt.FunctionWrapper):
     """Our FunctionWrapper type, so tracebacks and `repr` say who wrapped the target."""
 
     __bound_function_wrapper__ = _ShimBoundWrapper
+
+
+def public_with_signature(shim: Any, sig: inspect.Signature) -> Any:
+    """The signature override through wrapt's public API only (the fallback seam).
+
+    Its limit: the bound form has no `__func__` of ours, so Linen's unbind path reaches the original
+    method; the private-class version below keeps the patch there too."""
+    return wrapt.with_signature(signature=sig)(shim)
 
 
 try:  # wrapt >= 2.2: a signature override whose bound form keeps the patch on Linen's unbind path too
@@ -54,10 +62,10 @@ try:  # wrapt >= 2.2: a signature override whose bound form keeps the patch on L
 
         return _ShimSignatureWrapper(shim, passthrough, sig, _NO_DOC_OVERRIDE)
 
-except ImportError:  # pragma: no cover - a wrapt without the private classes: plain with_signature
-
-    def _with_signature(shim: Any, sig: inspect.Signature) -> Any:
-        return wrapt.with_signature(shim, signature=sig)
+    PRIVATE_SEAM = True
+except ImportError:  # a wrapt without the private classes: the public API (tests/unit: test_wrapt_seam)
+    _with_signature = public_with_signature
+    PRIVATE_SEAM = False
 
 
 # (id(spec), id(raw original), profile) -> (spec, raw, shim, wrapper). Why: re-installing the same
@@ -67,14 +75,14 @@ _BUILT: dict[tuple[int, int, str], tuple[PatchSpec, Any, Any, Any]] = {}
 _BUILT_MAX = 256
 
 
-def _wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any]:
+def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any]:
     hit = _BUILT.get((id(spec), id(original.raw), profile))
     if (
         hit is not None
         and hit[0] is spec
         and hit[1] is original.raw
         and hit[2].__wrapped__ is original.raw  # never spliced onto another original since
-        and id(hit[3]) not in _OURS  # not installed right now
+        and id(hit[3]) not in OURS  # not installed right now
     ):
         return hit[2], hit[3]
     try:
@@ -98,7 +106,7 @@ def _wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, A
     # Enabled only while installed: a copy taken after install (`from pkg.mod import f` while the
     # profile is active) still holds this object after uninstall, and must then run the original.
     written: list[Any] = []
-    shim = _ShimWrapper(original.raw, wrapper_fn, enabled=lambda: id(written[0]) in _OURS)
+    shim = _ShimWrapper(original.raw, wrapper_fn, enabled=lambda: id(written[0]) in OURS)
     wrapper: Any = shim
     if spec.signature is not None:
         wrapper = _with_signature(shim, _signature(spec, original))

@@ -6,35 +6,34 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from maxtext_compat.errors import PatchError, PatchTargetError
-from maxtext_compat.shims.patching.describe import _label
-from maxtext_compat.shims.patching.state import _ABSENT, MARKER
+from maxtext_compat.shims.patching.state import ABSENT, MARKER, label_of
 
 
-class _Write(NamedTuple):
+class Write(NamedTuple):
     """One slot change; a tuple because installs build many of them (10,000-cycle stress runs)."""
 
     obj: Any
     name: str
-    value: Any  # _ABSENT deletes the slot
-    previous: Any  # what undoes it (_ABSENT: delete again)
+    value: Any  # ABSENT deletes the slot
+    previous: Any  # what undoes it (ABSENT: delete again)
 
 
-def _read(obj: Any, name: str) -> Any:
-    """The raw entry of obj's own __dict__ (never inherited, never bound), or _ABSENT."""
+def read_slot(obj: Any, name: str) -> Any:
+    """The raw entry of obj's own __dict__ (never inherited, never bound), or ABSENT."""
     try:
-        return obj.__dict__.get(name, _ABSENT)
+        return obj.__dict__.get(name, ABSENT)
     except (AttributeError, TypeError):
-        return _ABSENT
+        return ABSENT
 
 
 def _write(obj: Any, name: str, value: Any) -> None:
-    if value is _ABSENT:
+    if value is ABSENT:
         delattr(obj, name)
     else:
         setattr(obj, name, value)
 
 
-def _commit(writes: Sequence[_Write], action: str) -> None:
+def commit_writes(writes: Sequence[Write], action: str) -> None:
     """Apply `writes` in order; on any failure undo the applied ones in reverse and raise."""
     for i, w in enumerate(writes):
         try:
@@ -43,7 +42,7 @@ def _commit(writes: Sequence[_Write], action: str) -> None:
             broken = _rollback(writes[:i])
             if not isinstance(exc, Exception):
                 raise
-            where = _label(w.obj, w.name)
+            where = label_of(w.obj, w.name)
             if broken:
                 raise PatchError(
                     f"{action} failed at {where} and rolling back failed too",
@@ -62,17 +61,17 @@ def _commit(writes: Sequence[_Write], action: str) -> None:
             ) from exc
 
 
-def _rollback(done: Sequence[_Write]) -> list[str]:
+def _rollback(done: Sequence[Write]) -> list[str]:
     broken: list[str] = []
     for w in reversed(done):
         try:
             _write(w.obj, w.name, w.previous)
         except Exception as exc:
-            broken.append(f"{_label(w.obj, w.name)} ({type(exc).__name__}: {exc})")
+            broken.append(f"{label_of(w.obj, w.name)} ({type(exc).__name__}: {exc})")
     return broken
 
 
-class _Markers:
+class Markers:
     """Pending changes to the `__maxtext_compat_patches__` marker of each owner in one transaction."""
 
     def __init__(self) -> None:
@@ -81,7 +80,7 @@ class _Markers:
     def _of(self, owner: Any) -> dict[str, tuple[str, ...]]:
         entry = self._new.get(id(owner))
         if entry is None:
-            current = _read(owner, MARKER)
+            current = read_slot(owner, MARKER)
             entry = self._new[id(owner)] = (owner, dict(current) if isinstance(current, dict) else {})
         return entry[1]
 
@@ -93,9 +92,9 @@ class _Markers:
         marker = self._of(owner)
         marker[attribute] = tuple(p for p in marker.get(attribute, ()) if p != profile)
 
-    def writes(self) -> list[_Write]:
+    def writes(self) -> list[Write]:
         out = []
         for owner, new in self._new.values():
             clean = {k: v for k, v in new.items() if v}
-            out.append(_Write(owner, MARKER, clean or _ABSENT, _read(owner, MARKER)))
+            out.append(Write(owner, MARKER, clean or ABSENT, read_slot(owner, MARKER)))
         return out

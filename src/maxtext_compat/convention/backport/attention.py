@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxtext_compat.backport.session import BackportError, KVSession
+from maxtext_compat.convention.backport.session import KVSession
+from maxtext_compat.errors import BackportError
 
 HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")
 

@@ -18,20 +18,17 @@ import contextvars
 import os
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from maxtext_compat.errors import CompatError, InvalidArgumentError
+from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import CALLER_CONVENTIONS, MaxTextRow
 
 ENV = "MAXTEXT_COMPAT_CONVENTION"
 AUTO, LEGACY, KV_RETURN = CALLER_CONVENTIONS
 NATIVE = "native"  # not declarable: what MaxText's own calls get (the release's behaviour, unchanged)
-
-
-class ConventionMismatchError(CompatError, TypeError):
-    """A call contradicts the declared caller convention (e.g. names kv_cache= under `legacy`)."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +124,7 @@ def for_call(row: MaxTextRow, module_value: str | None = None) -> Declared:
 
 
 # Frames of the call machinery between the caller and the module: skipped when looking for the caller.
-_MACHINERY = ("maxtext_compat.adapters", "maxtext_compat.shims", "maxtext_compat.backport", "maxtext_compat.convention")
+_MACHINERY = ("maxtext_compat.adapters", "maxtext_compat.shims", "maxtext_compat.convention")
 _PLUMBING = ("flax", "jax", "jaxlib", "wrapt", "contextlib", "functools")
 _MAXTEXT = ("MaxText", "maxtext")
 
@@ -135,7 +132,7 @@ _MAXTEXT = ("MaxText", "maxtext")
 def _caller_library() -> str | None:
     """'maxtext' or 'ours' when the first frame outside the call machinery and flax/jax is MaxText's or
     ours; None for any other code (the user's, tpu-inference's, vLLM's)."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         top = name.partition(".")[0]

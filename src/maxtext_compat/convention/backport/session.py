@@ -8,11 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from maxtext_compat.errors import CompatError, InvalidArgumentError
-
-
-class BackportError(CompatError, RuntimeError):
-    """The backported vLLM path cannot run this call (e.g. a scanned stack)."""
+from maxtext_compat.errors import BackportError, InvalidArgumentError
 
 
 @dataclass

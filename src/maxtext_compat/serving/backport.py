@@ -24,8 +24,9 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from maxtext_compat.backport import serving_mesh, serving_params
 from maxtext_compat.errors import ServingConfigError, ServingError
+from maxtext_compat.serving import backport_mesh as serving_mesh
+from maxtext_compat.serving import backport_params as serving_params
 from maxtext_compat.serving.backend import StepOutput
 from maxtext_compat.serving.nnx_backend import NNXTransformerBackend
 
@@ -141,7 +142,7 @@ class BackportServingBackend(NNXTransformerBackend):
                 expected="false",
                 found=True,
                 fix="drop scan_layers from maxtext_config; convert scanned checkpoints with "
-                "maxtext_compat.backport.weights.unscan_params",
+                "maxtext_compat.weights.unscan_params",
             )
         return cfg
 
@@ -168,8 +169,8 @@ class BackportServingBackend(NNXTransformerBackend):
         attention_metadata: Any,
         inputs_embeds: Any = None,
     ) -> StepOutput:
-        from maxtext_compat.backport import hooks
-        from maxtext_compat.backport.session import kv_session
+        from maxtext_compat.convention.backport import hooks
+        from maxtext_compat.convention.backport.session import kv_session
 
         if inputs_embeds is not None:
             self._reject_input_embeddings()
@@ -193,7 +194,7 @@ class BackportServingBackend(NNXTransformerBackend):
         return StepOutput(hidden.reshape((-1, hidden.shape[-1])), list(session.updated))
 
     def compute_logits(self, model: Any, cfg: Any, mesh: Any, hidden: Any) -> Any:
-        from maxtext_compat.adapters.returns import logits_from_hidden
+        from maxtext_compat.convention.returns import logits_from_hidden
 
         with self._ctx(cfg, mesh):
             return logits_from_hidden(model, hidden[:, None, :], self._train()).squeeze(1)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxtext_compat.backport.attention import attend
-from maxtext_compat.backport.session import BackportError, current
+from maxtext_compat.convention.backport.attention import attend
+from maxtext_compat.convention.backport.session import current
+from maxtext_compat.errors import BackportError
 from maxtext_compat.matrix import MaxTextRow
 
 PROFILE = "backport-hooks"
@@ -57,7 +58,7 @@ def _remat_hook(original: Any) -> Any:
                 expected="False (MaxText's own configs/inference/vllm.yml sets it)",
                 found=True,
                 fix="build the model with scan_layers=False; convert scanned weights with "
-                "maxtext_compat.backport.weights.unscan_params",
+                "maxtext_compat.weights.unscan_params",
             )
         block_layers = args[0] if args else kwargs["block_layers"]
         return list(block_layers)
@@ -78,7 +79,7 @@ def _output_head_hook(original: Any) -> Any:
 
 
 def specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat.shims import PatchSpec
+    from maxtext_compat.shims.patching import PatchSpec
 
     def ref(key: str) -> str:
         cls = row.classes[key]
@@ -100,10 +101,12 @@ def specs(row: MaxTextRow) -> list[Any]:
 
 def ensure_installed(row: MaxTextRow) -> None:
     """Install the hooks for `row` (idempotent, all or nothing)."""
-    from maxtext_compat import shims
+    from maxtext_compat.shims import profiles
 
-    if shims.installed(PROFILE) or shims.installed("vllm-backport"):  # the full shim includes these hooks
+    if profiles.installed(PROFILE) or profiles.installed("vllm-backport"):  # the full shim includes these hooks
         return
-    if PROFILE not in shims.registered_profiles():
-        shims.register_profile(PROFILE, lambda: specs(row), description="inert unless a backport KV session is active")
-    shims.install(PROFILE)
+    if PROFILE not in profiles.registered_profiles():
+        profiles.register_profile(
+            PROFILE, lambda: specs(row), description="inert unless a backport KV session is active"
+        )
+    profiles.install(PROFILE)

@@ -10,7 +10,6 @@ decodes garbage without an error).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -18,7 +17,11 @@ from contextlib import contextmanager
 
 from packaging.version import Version
 
-from maxtext_compat.errors import CompatError, InvalidArgumentError
+from maxtext_compat.errors import (
+    InvalidArgumentError,
+    OldConventionError,
+    user_frame,
+)
 from maxtext_compat.matrix import POLICIES, MaxTextRow
 
 POLICY_ENV = "MAXTEXT_COMPAT_DEPRECATION"
@@ -27,14 +30,6 @@ STRICT_ENV = "MAXTEXT_COMPAT_STRICT"
 _lock = threading.Lock()
 _override: dict[str, object] = {}
 _seen_sites: set[tuple[str, int]] = set()
-
-
-class OldConventionError(CompatError, RuntimeError):
-    """An old-convention call under policy `error`, or past the matrix's `ends_in` release."""
-
-
-class KVCacheNotUpdatedError(CompatError, RuntimeError):
-    """Strict mode: a new call returned no KV cache, or returned it untouched after a step that writes it."""
 
 
 def set_deprecation_policy(policy: str | None) -> None:
@@ -96,30 +91,6 @@ def effective_strict(override: bool | None = None) -> bool:
     return env_flag(STRICT_ENV)
 
 
-_INTERNAL = ("maxtext_compat.", "flax.", "jax.", "jax._src", "contextlib", "functools")
-
-
-def _call_site():
-    """The first frame outside maxtext-compat, flax and jax: the user's line that made the call."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not name.startswith(_INTERNAL) and name not in ("maxtext_compat", "flax", "jax"):
-            return frame
-        frame = frame.f_back
-    return frame
-
-
-def warn_at_call_site(message: str, category: type[Warning]) -> None:
-    """Warn at the user's line (the first frame outside maxtext-compat, flax and jax), once per line."""
-    frame = _call_site()
-    registry = frame.f_globals.setdefault("__warningregistry__", {})
-    warnings.warn_explicit(
-        message, category, frame.f_code.co_filename, frame.f_lineno, module=frame.f_globals.get("__name__"),
-        registry=registry,
-    )  # fmt: skip
-
-
 def check_old_call(row: MaxTextRow, kind: str, where: str, override: str | None = None) -> None:
     """Apply the deprecation policy to an old-convention call (the caller is two frames up)."""
     dep = row.deprecation
@@ -141,7 +112,7 @@ def check_old_call(row: MaxTextRow, kind: str, where: str, override: str | None 
             found="an old call",
             fix=dep.migration,
         )
-    frame = _call_site()
+    frame = user_frame()
     site = (frame.f_code.co_filename, frame.f_lineno)
     with _lock:
         if site in _seen_sites:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from maxtext_compat.adapters.signature import NEW_PARAMS
+from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.matrix import MaxTextRow
 
@@ -81,7 +81,7 @@ def translate(
     force_new: the caller declared `kv_return`, so a call naming no KV argument is a new call too.
     """
     arguments = bind(advertised, args, kwargs, where)
-    kv_name, md_name = NEW_PARAMS[kind]
+    kv_name, md_name = KINDS[kind].new_params
     # What the caller wrote decides the convention, not the values: `kv_cache=None` is a new call
     # (code half-way through a migration passes None), and gets the new return.
     written = kv_name in arguments or md_name in arguments
@@ -123,7 +123,7 @@ def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: An
     """tpu-inference's per-layer attention_metadata (a dict, several KV-cache groups): passed on where the
     release reads it per layer and every layer has its entry; one object where every layer has the same one;
     else refused. Never a layer silently given another layer's, or no, metadata."""
-    if kind in ("attention", "decoder_layer"):
+    if not KINDS[kind].per_layer:
         raise InvalidArgumentError(
             f"{where} takes one layer's attention metadata, not the per-layer dict",
             argument="attention_metadata",
@@ -176,7 +176,7 @@ def check_kv_writes(kind: str, t: Translated, where: str) -> None:
     """Every KV write of a new call lands where its metadata says, or the call is refused (paged.guard)."""
     from maxtext_compat.paged.guard import check_new_call
 
-    caches = list(t.kv) if kind in ("decoder", "transformer") else [t.kv]
+    caches = KINDS[kind].caches(t.kv)
     positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
     if isinstance(t.metadata, Mapping):  # per-layer metadata (checked complete by per_layer_metadata)
         for layer, cache in enumerate(caches):

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.adapters.translate import Translated, check_kv_writes, describe
-from maxtext_compat.backport import hooks
-from maxtext_compat.backport.attention import rpa_mesh_for
-from maxtext_compat.backport.session import BackportError, kv_session
+from maxtext_compat.convention.backport import hooks
+from maxtext_compat.convention.backport.attention import rpa_mesh_for
+from maxtext_compat.convention.backport.session import kv_session
+from maxtext_compat.convention.kinds import KINDS
+from maxtext_compat.convention.translate import Translated, check_kv_writes, describe
+from maxtext_compat.errors import BackportError
 from maxtext_compat.matrix import MaxTextRow
 
 
@@ -21,18 +23,18 @@ def backport_call(
     writes=False (train mode) follows MaxText 0.2.x: no RPA, the caches come back as given.
     """
     if writes:
-        from maxtext_compat.rpa import installed_rpa
+        from maxtext_compat.installed_kernel import installed_rpa
 
         installed_rpa()  # typed error up front when there is no tpu-inference (and so no kernel)
         check_kv_writes(kind, t, where)
     hooks.ensure_installed(row)
-    many = kind in ("decoder", "transformer")
-    caches = list(t.kv) if many and t.kv is not None else [t.kv]
-    if not writes and kind != "transformer":
+    k = KINDS[kind]
+    caches = k.caches(t.kv)
+    if not writes and not k.is_model:
         # Nothing to route and nothing to record (only the Transformer's return needs the session's hidden
         # state): no session, so such calls also nest, e.g. inside a moved Transformer's Decoder call.
-        kv_back = None if t.kv is None else caches if many else t.kv
-        return new_shape(kind, native_call(module, **t.kwargs), kv_back)
+        kv_back = None if t.kv is None else caches if k.per_layer else t.kv
+        return k.new_shape(native_call(module, **t.kwargs), kv_back)
     mesh = getattr(module, "mesh", None)
     if writes and mesh is None:
         raise BackportError(
@@ -42,7 +44,7 @@ def backport_call(
         )
     rpa_mesh = rpa_mesh_for(mesh) if writes else None
     kwargs = t.kwargs
-    if writes and kind == "attention":
+    if writes and k.name == "attention":
         # The attention op runs RPA; the layer itself runs in train mode so MaxText's own KV-cache
         # variables are neither read nor written (0.2.x skips them the same way in vLLM mode). Set
         # here, not only by the backport hook: the vllm-backport shim calls the original method.
@@ -52,24 +54,12 @@ def backport_call(
         if writes:
             session.check_complete()
     updated = session.updated if writes else caches
-    kv_out = updated if many else updated[0]
+    kv_out = updated if k.per_layer else updated[0]
     if t.kv is None:
         kv_out = None  # a new call without a cache gets None back, as MaxText 0.2.x returns it
-    if kind == "transformer":
+    if k.is_model:
         return session.hidden, kv_out
-    return new_shape(kind, result, kv_out)
-
-
-def new_shape(kind: str, result: Any, kv: Any) -> Any:
-    """A layer's old-convention return in the new convention (what MaxText 0.2.x returns for `kind`)."""
-    if kind == "attention":
-        return result, kv
-    if kind == "decoder_layer":
-        y = result[0] if isinstance(result, tuple) else result  # a scanned layer's old return is (y, None)
-        return y, kv
-    if kind == "decoder":
-        return result[0], result[1], kv
-    raise ValueError(f"no new shape for a {kind} call")  # the Transformer's is built from the session
+    return k.new_shape(result, kv_out)
 
 
 def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[str, Any], where: str) -> Any:
@@ -80,10 +70,11 @@ def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[st
     migrate` passes `kv_cache=None, attention_metadata=None`) gets the new return with no cache: the session
     holds every layer's cache, so a cache passed here would be a second, conflicting one.
     """
-    kv_name = "kv_caches" if kind in ("decoder", "transformer") else "kv_cache"
+    k = KINDS[kind]
+    kv_name = k.kv_name
     named = {n: kwargs[n] for n in (kv_name, "attention_metadata") if n in kwargs}
     held = [n for n, v in named.items() if v is not None]
-    if held or (named and kind == "transformer"):
+    if held or (named and k.is_model):
         raise BackportError(
             f"{where} was called with {held[0] if held else kv_name}= inside a backported vLLM step",
             argument=held[0] if held else kv_name,
@@ -92,7 +83,7 @@ def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[st
             fix="pass the caches once, to the outermost call (the Transformer's kv_caches=); inner calls take none",
         )
     rest = {k: v for k, v in kwargs.items() if k not in named}
-    if kind == "attention":
+    if k.name == "attention":
         rest["model_mode"] = hooks.TRAIN
     result = call(*args, **rest)
-    return new_shape(kind, result, None) if named else result
+    return k.new_shape(result, None) if named else result

@@ -1,0 +1,177 @@
+"""The four kinds of MaxText layer the call rule serves, each carrying its own behaviour.
+
+Why a table of objects and not `if kind == ...` chains: what differs between an Attention, a
+decoder layer, the Decoder and the Transformer (the name of its KV argument, whether it takes one
+cache or one per layer, its parameters across releases, its old and new returns) is one fact per
+kind; keeping each kind's facts on one object means a new kind, or a changed return, is one edit
+(the model is transformers' cache layers, which carry their own update rules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from maxtext_compat.convention.returns import logits_from_hidden, scanned
+from maxtext_compat.errors import InvalidArgumentError
+from maxtext_compat.matrix import MaxTextRow
+
+KindName = Literal["attention", "decoder_layer", "decoder", "transformer"]
+METADATA = "attention_metadata"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One layer kind: its KV argument, its parameters in any release, and its returns."""
+
+    name: KindName
+    kv_name: str  # the KV argument a new call names ("kv_cache", or "kv_caches" for one per layer)
+    markers: tuple[str, ...]  # leading positional parameters that identify the kind from a signature
+    union_params: tuple[str, ...]  # every keyword parameter the kind has had in any release (0.1.0 .. 0.2.5)
+    positional_slots: tuple[str, ...] = ()  # positional slots a later release added (passed positionally)
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether the KV argument is a list with one cache per decoder layer."""
+        return self.kv_name == "kv_caches"
+
+    @property
+    def new_params(self) -> tuple[str, str]:
+        """The parameters whose presence makes a call a new (vLLM) call."""
+        return self.kv_name, METADATA
+
+    @property
+    def is_model(self) -> bool:
+        """The whole model: its new return is (hidden, kv_caches), and only under a vLLM attention mode."""
+        return False
+
+    def caches(self, kv: Any) -> list[Any]:
+        """The caches a call hands over, as a list (one entry for a single-cache kind)."""
+        return list(kv) if self.per_layer and kv is not None else [kv]
+
+    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
+        """The pre-#2616 return, from what a release that takes KV arguments returned."""
+        raise NotImplementedError
+
+    def new_return(self, result: Any) -> Any:
+        """The post-#2616 return of a natively new-convention release (as a fresh tuple)."""
+        raise NotImplementedError
+
+    def new_shape(self, result: Any, kv: Any) -> Any:
+        """An old-convention return in the new convention (what MaxText 0.2.x returns for this kind)."""
+        raise NotImplementedError
+
+
+class _Attention(Kind):
+    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
+        return result[0]
+
+    def new_return(self, result: Any) -> Any:
+        return result[0], result[1]
+
+    def new_shape(self, result: Any, kv: Any) -> Any:
+        return result, kv
+
+
+class _DecoderLayer(Kind):
+    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
+        return result if scanned(module) else result[0]  # scanned: the (y, None) carry
+
+    def new_return(self, result: Any) -> Any:
+        return result
+
+    def new_shape(self, result: Any, kv: Any) -> Any:
+        y = result[0] if isinstance(result, tuple) else result  # a scanned layer's old return is (y, None)
+        return y, kv
+
+
+class _Decoder(Kind):
+    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
+        return result[0], result[1]
+
+    def new_return(self, result: Any) -> Any:
+        return result[0], result[1], result[2]
+
+    def new_shape(self, result: Any, kv: Any) -> Any:
+        return result[0], result[1], kv
+
+
+class _Transformer(Kind):
+    @property
+    def is_model(self) -> bool:
+        return True
+
+    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
+        if isinstance(result, tuple):  # attention="vllm_rpa": MaxText returns (hidden, kv_caches)
+            return logits_from_hidden(module, result[0])
+        return result
+
+    def new_return(self, result: Any) -> Any:
+        return (result[0], result[1]) if isinstance(result, tuple) else result
+
+    def new_shape(self, result: Any, kv: Any) -> Any:
+        raise ValueError("no new shape for a transformer call")  # built from the KV session's hidden state
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        _Attention(
+            "attention", "kv_cache", markers=("inputs_q", "inputs_kv"),
+            union_params=(
+                "inputs_positions", "decoder_segment_ids", "out_sharding", "model_mode", "deterministic",
+                "previous_chunk", "slot", "page_state", "bidirectional_mask", "rope_kwargs", "kv_cache",
+                "attention_metadata", "shared_key", "shared_value",
+            ),
+            positional_slots=("inputs_q", "inputs_kv", "inputs_positions", "decoder_segment_ids", "out_sharding"),
+        ),
+        _DecoderLayer(
+            "decoder_layer", "kv_cache", markers=("inputs", "decoder_segment_ids", "decoder_positions"),
+            union_params=(
+                "previous_chunk", "slot", "page_state", "bidirectional_mask", "kv_cache", "attention_metadata",
+            ),
+        ),
+        _Decoder(
+            "decoder", "kv_caches", markers=("shared_embedding", "decoder_input_tokens"),
+            union_params=(
+                "decoder_segment_ids", "deterministic", "model_mode", "previous_chunk", "slot", "page_state",
+                "bidirectional_mask", "image_embeddings", "image_masks", "audio_embeddings", "audio_masks",
+                "multimodal_input", "kv_caches", "attention_metadata", "deepstack_visual_embeds",
+            ),
+        ),
+        _Transformer(
+            "transformer", "kv_caches", markers=("decoder_input_tokens", "decoder_positions"),
+            union_params=(
+                "decoder_segment_ids", "cache", "encoder_images", "encoder_image_masks", "encoder_videos",
+                "encoder_video_masks", "encoder_video_grid_thw", "encoder_audios", "enable_dropout", "model_mode",
+                "previous_chunk", "true_length", "slot", "page_state", "decoder_target_tokens",
+                "decoder_target_mask", "kv_caches", "attention_metadata",
+            ),
+        ),
+    )
+}  # fmt: skip
+
+# The matrix row's class keys and the kind each is (decoder layers are listed per family, not here).
+CLASS_KINDS: tuple[tuple[str, str], ...] = (
+    ("attention", "attention"),
+    ("mla", "attention"),
+    ("decoder", "decoder"),
+    ("nnx_decoder", "decoder"),
+    ("transformer", "transformer"),
+    ("transformer_linen", "transformer"),
+)
+
+
+def kind_named(name: object) -> Kind:
+    """The Kind named `name` (typed error naming the known kinds otherwise)."""
+    found = KINDS.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise InvalidArgumentError(
+            "unknown kind",
+            argument="kind",
+            expected=f"one of {list(KINDS)}",
+            found=repr(name),
+            fix=f"pass kind= as one of {', '.join(map(repr, KINDS))} (e.g. kind='attention'), "
+            "or leave it out to detect the kind from the class",
+        )
+    return found

@@ -1,0 +1,150 @@
+"""The package's imports run one way: versions → matrix → convention → adapters / shims → kernel users.
+
+Why a test: a layering is only as good as the check that keeps it. Every import of the package's own
+modules counts, at module level, inside functions and under TYPE_CHECKING (a lazy import hides an
+edge from readers, not from the design), and so does a literal `importlib.import_module("...")`.
+A module must sit in a layer (a new module is placed on purpose), may import only its own layer or
+lower ones, and the whole graph has no circle. The same table is the README's architecture picture.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.envs("unit")
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "maxtext_compat"
+MAX_LINES = 520  # "no file over ~500 lines"
+
+# Lowest first. A name covers the module and everything under it; the longest match wins.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("_version", "errors", "progress", "xla_flags", "switches", "envmemory"),  # no package imports
+    ("versions", "_yaml_reader"),  # installed distributions; the strict YAML reader
+    ("matrix", "defects"),  # compat_matrix.yaml as typed rows
+    ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed
+    ("shims.registry", "shims.patching", "shims.traced", "shims.profiles"),  # the patching engine (no MaxText)
+    ("shims.pallas_interpret_views", "shims.cpu_rpa"),  # the TPU kernel on CPU
+    ("rpa_xla", "paged", "rpa"),  # paged KV cache and kernel dispatch
+    ("convention",),  # the call rule, its kinds table and the 0.1.0 backport
+    ("adapters", "shims.maxtext_profiles", "shims.cpu_serving", "shims.cpu_kernel", "shims"),  # the faces users know
+    ("weights", "engine", "serving", "convert"),  # serving, weights, the reference loop
+    ("testing", "migrate", "doctor", "demo", "serve_cli", "vllm_plugin", "pytest_plugin", "envs", "testmatrix", "cli"),
+)
+TOP = len(LAYERS) - 1  # `maxtext_compat/__init__.py`: the top-level face
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The package module a dotted name refers to (a module, or a name inside one)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    is_package = path.name == "__init__.py"
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".") if is_package else module.split(".")[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+            "import_module",
+            "find_spec",
+        ):
+            names = [a.value for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        for name in names:
+            if name.startswith("maxtext_compat"):
+                owner = _owner(name)
+                if owner is not None and owner != module:
+                    targets.add(owner)
+    return targets
+
+
+GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def layer_of(module: str) -> int | None:
+    if module == "maxtext_compat":
+        return TOP
+    short = module.removeprefix("maxtext_compat.")
+    best: tuple[int, int] | None = None
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if (short == name or short.startswith(name + ".")) and (best is None or len(name) > best[1]):
+                best = (index, len(name))
+    return None if best is None else best[0]
+
+
+def test_every_module_sits_in_a_layer():
+    unplaced = sorted(m for m in MODULES if layer_of(m) is None)
+    assert not unplaced, f"place these modules in LAYERS (tests/unit/test_layering.py and the README): {unplaced}"
+
+
+def test_no_import_runs_up_the_layers():
+    upward = sorted(
+        f"{m} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)})"
+        for m, targets in GRAPH.items()
+        for t in targets
+        # a package's face may re-export what sits inside it
+        if (layer_of(t) or 0) > (layer_of(m) or 0) and not t.startswith(m + ".")
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_the_import_graph_has_no_circle():
+    # A package face importing its own submodules is containment, not a circle through the package.
+    edges = {m: {t for t in targets if not t.startswith(m + ".")} for m, targets in GRAPH.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(edges).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"import circle: {' -> '.join(err.args[1])}")
+
+
+def test_no_private_name_crosses_a_module():
+    crossing = sorted(
+        f"{m} imports {alias.name} from {node.module}"
+        for m, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("maxtext_compat")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    )
+    assert not crossing, "\n".join(crossing)
+
+
+def test_no_module_is_over_about_500_lines():
+    long = sorted(f"{m}: {n} lines" for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    assert not long, "\n".join(long)
+
+
+def test_the_checker_sees_what_it_must():
+    """The graph reader itself: it must find a lazy import, a TYPE_CHECKING one and an importlib literal."""
+    lazy = GRAPH["maxtext_compat.adapters.wrapper"]  # imports installed_row inside a function
+    assert "maxtext_compat.installed" in lazy
+    assert "maxtext_compat.resolver" in GRAPH["maxtext_compat.shims.profiles"]  # TYPE_CHECKING + in a function
+    assert "maxtext_compat.shims.maxtext_profiles" in GRAPH["maxtext_compat.vllm_plugin"]  # importlib literal
+    assert layer_of("maxtext_compat.shims.maxtext_profiles") > layer_of("maxtext_compat.shims.profiles")
