@@ -51,8 +51,8 @@ def runner_mesh(cfg: Any, native: bool) -> Any:
     import numpy as np
     from jax.sharding import Mesh
 
+    from helpers import crossrun
     from maxtext_compat.paged.sharding import axis_names
-    from maxtext_compat.testing import crossrun
 
     if native:
         return crossrun.native_mesh(cfg, 1)

@@ -60,9 +60,9 @@ def run(repeat: int) -> list[dict[str, str]]:
     import jax
     import numpy as np
 
+    from helpers.reference_attention import make_ragged_step
+    from helpers.reference_attention import reference_ragged_attention as reference
     from maxtext_compat import paged, rpa
-    from maxtext_compat.testing.reference_attention import make_ragged_step
-    from maxtext_compat.testing.reference_attention import reference_ragged_attention as reference
 
     mesh = paged.make_mesh(1)
     rows = []

@@ -82,7 +82,7 @@ def run() -> list[dict[str, Any]]:
     from maxtext_compat.shims import cpu_rpa
 
     cpu_rpa.install()
-    from maxtext_compat.engine import PagedEngine
+    from maxtext_compat.decode import PagedEngine
     from maxtext_compat.shims import cpu_serving
     from maxtext_compat.testing import real_model as rm
 

@@ -40,7 +40,7 @@ def _old_cases(tiny: Any, row: Any) -> dict[str, tuple[Any, Counter]]:
     import jax
     from flax import nnx
 
-    from maxtext_compat.testing import hlo
+    from helpers import hlo
 
     cfg = tiny.tiny_config("default")
     mesh = tiny.tiny_mesh(cfg)
@@ -97,8 +97,8 @@ def _new_cases(tiny: Any, row: Any) -> dict[str, tuple[Any, Counter]]:
     import numpy as np
     from flax import nnx
 
+    from helpers import crossrun, hlo
     from maxtext_compat import paged
-    from maxtext_compat.testing import crossrun, hlo
 
     native = row.has_kv_params
     cfg = tiny.tiny_config("default", vllm=native)

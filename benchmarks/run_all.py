@@ -39,6 +39,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MARK = "@bench-row "  # MaxText and absl print to stdout too: rows carry a marker
 CPU_ENV = {"JAX_PLATFORMS": "cpu", "TPU_NAME": "cpu-test", "TPU_WORKER_ID": "0", "TPU_ACCELERATOR_TYPE": "cpu"}
+# The benchmarks reuse the tests' aids (reference attention, HLO counts, cross-environment runs): tests/helpers.
+TESTS_PATH = {
+    "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[1] / "tests"), os.environ.get("PYTHONPATH")])
+    )
+}
 SECTIONS = ("traced cost", "eager overhead", "import cost", "paged decode", "real model", "memory")
 
 
@@ -150,7 +156,7 @@ def run_job(job: Job, work: Path, logs: Path) -> tuple[list[dict[str, Any]], flo
     label = f"{job.env}: {' '.join(job.modules)}"
     if not python.exists():
         return [row(f"{m} skipped", None, "", f"{python} missing (make envs)") for m in job.modules], 0.0, 1
-    env = {**os.environ, **CPU_ENV, "MAXTEXT_COMPAT_ENV": job.env, "BENCH_WORK": str(work)}
+    env = {**os.environ, **CPU_ENV, **TESTS_PATH, "MAXTEXT_COMPAT_ENV": job.env, "BENCH_WORK": str(work)}
     env.pop("XLA_FLAGS", None)  # one CPU device: the tiny models run on one
     print(f"[bench] start {label}", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -177,7 +183,8 @@ def run_paged(out: Path, logs: Path) -> tuple[str, float]:
     with open(logs / f"{env}-paged.log", "w") as log:
         code = subprocess.run(
             [str(env_python(env)), str(HERE / "bench_paged.py"), "--out", str(md)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CPU_ENV, "MAXTEXT_COMPAT_ENV": env},
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **CPU_ENV, **TESTS_PATH, "MAXTEXT_COMPAT_ENV": env},
             cwd=ROOT, check=False,
         ).returncode  # fmt: skip
     seconds = time.perf_counter() - start

@@ -1,7 +1,7 @@
 """The `maxtext-compat` command line: doctor, resolve, envs, matrix, demo, convert, serve.
 
 Why thin: every command is a view over library functions (doctor.collect, resolve,
-envs.build, testmatrix.run_matrix) so what the CLI prints is what the tests assert.
+envs.build, env_runner.run_matrix) so what the CLI prints is what the tests assert.
 """
 
 from __future__ import annotations
@@ -106,18 +106,18 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from maxtext_compat import testmatrix
+    from maxtext_compat import env_runner
 
-    results = testmatrix.run_matrix(
+    results = env_runner.run_matrix(
         args.names or None, pytest_args=args.pytest_args, build=not args.no_build, jobs=args.jobs
     )
     print()
-    print(testmatrix.render_table(results))
+    print(env_runner.render_table(results))
     print("report: build/compat-report.md, build/compat-report.json")
     if args.record_durations:
-        print(f"durations recorded in {testmatrix.record_durations(results)}")
-    print(testmatrix.closing_line(results))
-    return testmatrix.main_exit_code(results)
+        print(f"durations recorded in {env_runner.record_durations(results)}")
+    print(env_runner.closing_line(results))
+    return env_runner.main_exit_code(results)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

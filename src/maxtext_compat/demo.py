@@ -128,7 +128,7 @@ def serving(progress: Progress, steps: int) -> dict[str, Any]:
     """Ragged prefill + `steps` greedy decode steps through the paged cache vs a dense decode."""
     import numpy as np
 
-    from maxtext_compat.engine import PagedEngine, compare, dense_greedy, format_table
+    from maxtext_compat.decode import PagedEngine, compare, dense_greedy, format_table
     from maxtext_compat.testing import tiny
 
     _ensure_kernel()
@@ -170,7 +170,7 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     """SmolLM2 completing REAL_PROMPT through the serving path, against transformers' greedy decode."""
     import time
 
-    from maxtext_compat.engine import PagedEngine
+    from maxtext_compat.decode import PagedEngine
     from maxtext_compat.shims import cpu_serving
     from maxtext_compat.testing import real_model as rm
     from maxtext_compat.testing import tiny

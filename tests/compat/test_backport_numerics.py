@@ -2,7 +2,7 @@
 
 Each run is a ragged prefill of three prompts (21, 14 and 5 tokens: pages fill and a decode
 crosses a page boundary) plus 8 greedy decode steps through the paged KV cache
-(maxtext_compat.engine), in one fixed bucket (48 token rows, 4 sequences, 2 pages each), so a
+(maxtext_compat.decode), in one fixed bucket (48 token rows, 4 sequences, 2 pages each), so a
 model compiles one step. Measured on CPU (float32, tpu-inference 0.32.0 kernel in interpret mode):
 * backport on 0.1.0 vs MaxText 0.2.5's own vLLM path on the same weights: logits and KV caches
   bit-identical (max |Δ| 0.0; tolerance 1e-5 default, 1e-4 qwen3 whose logits reach ~110);
@@ -27,12 +27,13 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
+from helpers import crossrun as cr  # noqa: E402
+from helpers import hlo  # noqa: E402
 from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat.adapters import wrap  # noqa: E402
-from maxtext_compat.engine import compare  # noqa: E402
+from maxtext_compat.decode import compare  # noqa: E402
 from maxtext_compat.paged import guard  # noqa: E402
-from maxtext_compat.testing import crossrun as cr  # noqa: E402
-from maxtext_compat.testing import hlo, tiny  # noqa: E402
+from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
 NATIVE = ROW.has_kv_params

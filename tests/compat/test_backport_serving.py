@@ -88,7 +88,7 @@ def checkpoint(backend: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def dense(backend: Any, checkpoint: str) -> tuple[Any, list[list[int]]]:
     """MaxText 0.1.0's own logits function and greedy tokens of the checkpoint."""
-    from maxtext_compat.serving.reference import greedy_decode
+    from maxtext_compat.decode.greedy import greedy_decode
     from maxtext_compat.testing.tiny import tiny_config, tiny_mesh
 
     cfg = tiny_config("default", load_parameters_path=checkpoint, enable_checkpointing=True)

@@ -17,7 +17,12 @@ from typing import Any
 
 import pytest
 
-from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, KernelUnavailableError
+from maxtext_compat.errors import (
+    CacheCapacityError,
+    InvalidArgumentError,
+    KernelUnavailableError,
+    KVCacheNotUpdatedError,
+)
 
 pytestmark = pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.1", "maxtext-0.1.0-jax011")
 
@@ -45,8 +50,8 @@ PAGES, PAGE, TOKENS, SEQS, PER_SEQ = 16, 16, 32, 4, 4
 @cache
 def step(head_dim: int = 128) -> Any:
     """One mixed prefill/decode step (4 sequences, shuffled pages) with its cache and metadata."""
+    from helpers.reference_attention import make_ragged_step
     from maxtext_compat import paged
-    from maxtext_compat.testing.reference_attention import make_ragged_step
 
     layout = paged.KVCacheLayout(PAGES, PAGE, 2, head_dim, "float32")
     return make_ragged_step(layout, [(9, 40), (1, 37), (5, 5), (1, 17)], num_q_heads=4, max_num_tokens=TOKENS,
@@ -304,7 +309,7 @@ def test_strict_mode_catches_a_dropped_cache_in_each_family(family, mocker):
     def step(m, tok, p, kvs, metadata):
         return m(tok, p, kv_caches=kvs, attention_metadata=metadata, model_mode="autoregressive")
 
-    with tiny.mesh_context(cfg, mesh), policy.strict_mode(), pytest.raises(policy.KVCacheNotUpdatedError) as err:
+    with tiny.mesh_context(cfg, mesh), policy.strict_mode(), pytest.raises(KVCacheNotUpdatedError) as err:
         nnx.jit(step)(model, tokens, pos, list(caches), md)
     msg = str(err.value)  # 0.2.5's decoder keeps the given cache for a layer that returns None: "unchanged"
     assert msg.startswith("[kv_caches]") and "Fix:" in msg

@@ -179,8 +179,8 @@ class _WrittenFor:
         import subprocess
         from pathlib import Path
 
+        from helpers.crossrun import CPU_ENV
         from maxtext_compat.envs import env_python, project_root
-        from maxtext_compat.testing.crossrun import CPU_ENV
 
         self.env = WRITTEN_FOR[FOREIGN_ERA]
         self.outs, runs = {}, []
@@ -207,7 +207,7 @@ class _WrittenFor:
         """The partner's own JAX compilation cache when this run has one (not this environment's)."""
         import os
 
-        from maxtext_compat.testmatrix import compile_cache_env
+        from maxtext_compat.env_runner import compile_cache_env
 
         return compile_cache_env(self.env) if os.environ.get("JAX_COMPILATION_CACHE_DIR") else {}
 

@@ -16,8 +16,8 @@ import pytest
 np = pytest.importorskip("numpy")
 
 from maxtext_compat import convert  # noqa: E402
+from maxtext_compat.decode.greedy import greedy_decode  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
-from maxtext_compat.serving.reference import greedy_decode  # noqa: E402
 from maxtext_compat.testing import real_model as rm  # noqa: E402
 
 pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]

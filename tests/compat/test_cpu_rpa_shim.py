@@ -173,7 +173,7 @@ def test_env_block_sizes_route(monkeypatch):
 
     import numpy as np
 
-    from maxtext_compat.testing.reference_attention import make_ragged_step, reference_ragged_attention
+    from helpers.reference_attention import make_ragged_step, reference_ragged_attention
 
     for var in cpu_rpa.ENV_VARS:
         monkeypatch.delenv(var, raising=False)

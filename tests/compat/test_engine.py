@@ -19,7 +19,8 @@ NO_KERNEL_TOO = pytest.mark.envs("maxtext-0.1.0", "maxtext-0.1.0-jax011", "maxte
 
 jax = pytest.importorskip("jax")
 
-from maxtext_compat.engine import (  # noqa: E402
+from helpers import crossrun as cr  # noqa: E402
+from maxtext_compat.decode import (  # noqa: E402
     Buckets,
     PagedEngine,
     compare,
@@ -28,7 +29,6 @@ from maxtext_compat.engine import (  # noqa: E402
 )
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError  # noqa: E402
 from maxtext_compat.paged import PageAllocator  # noqa: E402
-from maxtext_compat.testing import crossrun as cr  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -196,7 +196,7 @@ def test_a_compile_inside_a_callback_is_not_the_step_recompiling():
     import jax
     import jax.numpy as jnp
 
-    from maxtext_compat.engine.timing import TraceCountingJit, compile_events, timed_call
+    from maxtext_compat.decode.timing import TraceCountingJit, compile_events, timed_call
 
     fresh = iter(range(1, 100))
 

@@ -28,9 +28,9 @@ pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.1.0")]  # t
 
 pytest.importorskip("libcst")
 
+from helpers import crossrun as cr  # noqa: E402
 from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat.migrate import files  # noqa: E402
-from maxtext_compat.testing import crossrun as cr  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 # Written out from MaxText 0.1.0's source (file: call sites), not from the codemod's output.

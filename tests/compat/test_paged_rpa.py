@@ -20,10 +20,10 @@ pytestmark = pytest.mark.envs(*REAL_KERNEL_ENVS)
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
+from helpers.reference_attention import make_ragged_step, reference_ragged_attention  # noqa: E402
 from maxtext_compat import paged, rpa  # noqa: E402
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, KernelUnavailableError  # noqa: E402
 from maxtext_compat.shims import cpu_rpa  # noqa: E402
-from maxtext_compat.testing.reference_attention import make_ragged_step, reference_ragged_attention  # noqa: E402
 
 PAGES, PAGE, TOKENS, SEQS, PER_SEQ = 16, 16, 32, 4, 4
 TOL = {"float32": 1e-5, "bfloat16": 3e-2}

@@ -19,10 +19,10 @@ pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxt
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
+from helpers import crossrun as cr  # noqa: E402
 from maxtext_compat import paged  # noqa: E402
 from maxtext_compat.adapters import wrap  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError  # noqa: E402
-from maxtext_compat.testing import crossrun as cr  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -31,7 +31,7 @@ LENGTHS = {"A": 7, "B": 3}
 
 @pytest.fixture(scope="module")
 def step():
-    from maxtext_compat.engine.paged import cache_mesh_for, layout_for_model
+    from maxtext_compat.decode.paged import cache_mesh_for, layout_for_model
     from maxtext_compat.shims import cpu_rpa
 
     assert cpu_rpa.install().active

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from maxtext_compat.serving.server import Server
+from helpers.vllm_server import Server
 
 pytestmark = [pytest.mark.needs_maxtext, pytest.mark.slow]
 IN_MAKE_TEST = ("maxtext-0.2.5", "maxtext-0.1.0-jax011")
@@ -35,7 +35,7 @@ CPU_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE"
 
 
 def _serve(model_dir, tmp_path_factory, *, tp: int, seqs: int) -> Iterator[Server]:
-    from maxtext_compat.serving import server
+    from helpers import vllm_server as server
 
     port = server.free_port()
     maxtext_config = {"max_prefill_predict_length": 28, "max_target_length": 32, "ici_tensor_parallelism": tp,
@@ -56,7 +56,7 @@ def _serve(model_dir, tmp_path_factory, *, tp: int, seqs: int) -> Iterator[Serve
 def _complete(srv: Server, prompt: str) -> tuple[list[int], str, float]:
     import time
 
-    from maxtext_compat.serving.server import token_ids
+    from helpers.vllm_server import token_ids
 
     t0 = time.monotonic()
     status, body = srv.completion([prompt], max_tokens=16, timeout=REQUEST_TIMEOUT)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_compat.serving.server import Server
+from helpers.vllm_server import Server
 
 # 0.2.5 and 0.2.4 natively (0.2.4: the last release that ships the Linen decoder), 0.2.1 and 0.2.0 on
 # tpu-inference 0.19.0, 0.1.0 through the backport.
@@ -63,7 +63,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def checkpoint(workdir: Path) -> str:
     """Random tiny weights written the way MaxText's load_parameters_path restores them."""
-    from maxtext_compat.serving.checkpoint import write_checkpoint
+    from helpers.checkpoint import write_checkpoint
     from maxtext_compat.testing.tiny import tiny_config, tiny_mesh
 
     cfg = tiny_config("default")
@@ -73,8 +73,8 @@ def checkpoint(workdir: Path) -> str:
 @pytest.fixture(scope="module")
 def dense_tokens(checkpoint: str) -> list[list[int]]:
     """MaxText's own greedy decode of the checkpoint, without vLLM."""
+    from maxtext_compat.decode.greedy import greedy_decode
     from maxtext_compat.serving.backend import backend_for
-    from maxtext_compat.serving.reference import greedy_decode
     from maxtext_compat.testing.tiny import installed_row, tiny_config, tiny_mesh
 
     cfg = tiny_config("default", load_parameters_path=checkpoint)
@@ -84,8 +84,8 @@ def dense_tokens(checkpoint: str) -> list[list[int]]:
 
 def _serve(workdir: Path, name: str, checkpoint: str | None, *, tp: int, env: dict[str, str]) -> Iterator[Server]:
     """A `maxtext-compat serve --tiny` server; checkpoint None serves random weights (--load-format dummy)."""
+    from helpers import vllm_server as server
     from maxtext_compat import serve_cli
-    from maxtext_compat.serving import server
 
     port = server.free_port()
     mc = {"load_parameters_path": checkpoint} if checkpoint else {}
@@ -127,7 +127,7 @@ def _ready(srv: Server) -> Server:
 def _request(srv: Server, prompt: list[int]) -> list[int]:
     import time
 
-    from maxtext_compat.serving.server import token_ids
+    from helpers.vllm_server import token_ids
 
     t0 = time.monotonic()
     status, body = srv.completion(prompt, max_tokens=MAX_TOKENS, timeout=REQUEST_TIMEOUT)

@@ -19,10 +19,10 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
+from helpers import crossrun as cr  # noqa: E402
 from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat import weights  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
-from maxtext_compat.testing import crossrun as cr  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -185,7 +185,7 @@ def test_round_trip_through_another_release(saved):
     assert returned.keys() == original.keys()
     for key, value in original.items():
         np.testing.assert_array_equal(returned[key], value, err_msg=key)
-    from maxtext_compat.engine import compare, dense_greedy
+    from maxtext_compat.decode import compare, dense_greedy
 
     ours = dense_greedy(model, PROMPTS, 2)
     worst = max(r.max_abs_logits_diff for r in compare(ours, theirs.dense))

@@ -10,7 +10,7 @@ import pytest
 def require_env(env: str) -> None:
     """Return when `env` is built; fail under the matrix runner (it builds every environment, so a skip
     would hide a broken build), skip in a bare pytest run."""
-    from maxtext_compat.testing.crossrun import missing_env
+    from helpers.crossrun import missing_env
 
     reason = missing_env(env)
     if reason is None:

@@ -22,7 +22,7 @@ MAX_LINES = 520  # "no file over ~500 lines"
 
 # Lowest first. A name covers the module and everything under it; the longest match wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_version", "errors", "progress", "xla_flags", "switches", "envmemory"),  # no package imports
+    ("_version", "_lazy", "errors", "progress", "xla_flags", "switches", "envmemory"),  # no package imports
     ("versions", "_yaml_reader"),  # installed distributions; the strict YAML reader
     ("matrix", "defects"),  # compat_matrix.yaml as typed rows
     ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed
@@ -31,8 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rpa_xla", "paged", "rpa"),  # paged KV cache and kernel dispatch
     ("convention",),  # the call rule, its kinds table and the 0.1.0 backport
     ("adapters", "shims.maxtext_profiles", "shims.cpu_serving", "shims.cpu_kernel", "shims"),  # the faces users know
-    ("weights", "engine", "serving", "convert"),  # serving, weights, the reference loop
-    ("testing", "migrate", "doctor", "demo", "serve_cli", "vllm_plugin", "pytest_plugin", "envs", "testmatrix", "cli"),
+    ("weights", "decode", "serving", "convert"),  # serving, weights, the in-process decode loops
+    ("testing", "migrate", "doctor", "demo", "serve_cli", "vllm_plugin", "pytest_plugin", "envs", "env_runner", "cli"),
 )
 TOP = len(LAYERS) - 1  # `maxtext_compat/__init__.py`: the top-level face
 

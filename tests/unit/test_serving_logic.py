@@ -153,7 +153,7 @@ def test_weights_plan(tmp_path: Path) -> None:
 
 
 def test_greedy_decode_feeds_back_its_tokens() -> None:
-    from maxtext_compat.serving.reference import greedy_decode
+    from maxtext_compat.decode.greedy import greedy_decode
 
     vocab = 10
     calls = []

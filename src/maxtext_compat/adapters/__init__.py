@@ -12,10 +12,34 @@ Importing this package imports neither jax nor MaxText.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+from maxtext_compat._lazy import lazy_face
+
+if TYPE_CHECKING:
+    from maxtext_compat.adapters.wrapper import adapted_class, wrap
+    from maxtext_compat.convention.declared import caller_convention, set_caller_convention
+    from maxtext_compat.convention.policy import set_deprecation_policy, set_strict, strict_mode
+    from maxtext_compat.errors import ConventionMismatchError, KVCacheNotUpdatedError, OldConventionError
+
+# name -> where it lives, relative to maxtext_compat (the face reaches the convention core and errors too)
+_EXPORTS = {
+    "wrap": "adapters.wrapper",
+    "adapted_class": "adapters.wrapper",
+    "caller_convention": "convention.declared",
+    "set_caller_convention": "convention.declared",
+    "set_deprecation_policy": "convention.policy",
+    "set_strict": "convention.policy",
+    "strict_mode": "convention.policy",
+    "ConventionMismatchError": "errors",
+    "KVCacheNotUpdatedError": "errors",
+    "OldConventionError": "errors",
+}
 
 __all__ = [
     "ConventionMismatchError",
+    "KVCacheNotUpdatedError",
+    "OldConventionError",
     "adapted_class",
     "caller_convention",
     "set_caller_convention",
@@ -24,19 +48,4 @@ __all__ = [
     "strict_mode",
     "wrap",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("wrap", "adapted_class"):
-        from maxtext_compat.adapters import wrapper
-
-        return getattr(wrapper, name)
-    if name in ("set_deprecation_policy", "set_strict", "strict_mode", "KVCacheNotUpdatedError", "OldConventionError"):
-        from maxtext_compat.convention import policy
-
-        return getattr(policy, name)
-    if name in ("caller_convention", "set_caller_convention", "ConventionMismatchError"):
-        from maxtext_compat.convention import declared as convention
-
-        return getattr(convention, name)
-    raise AttributeError(name)
+__getattr__, __dir__ = lazy_face("maxtext_compat", _EXPORTS, face=__name__)

@@ -13,7 +13,9 @@ MaxText nor wrapt, so the doctor and the vLLM plugin entry point stay cheap.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from maxtext_compat._lazy import lazy_face
 
 if TYPE_CHECKING:
     from maxtext_compat.shims.patching import Original, PatchSet, PatchSpec, add_keyword_params
@@ -82,19 +84,13 @@ __all__ = [
 _BUILTINS_REGISTERED = False
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if module == "profiles" and not _BUILTINS_REGISTERED:
-        # MaxText's own profiles (vllm-backport, known-defects) and the matrix-driven default choice,
-        # once per process (a user who clears the chooser later keeps it cleared)
+def _register_builtins(owner: str) -> None:
+    """MaxText's own profiles (vllm-backport, known-defects) and the matrix-driven default choice, once per
+    process, the first time the profile API is reached (a user who clears the chooser later keeps it cleared)."""
+    global _BUILTINS_REGISTERED
+    if owner == "profiles" and not _BUILTINS_REGISTERED:
         importlib.import_module(f"{__name__}.maxtext_profiles").register()
-        globals()["_BUILTINS_REGISTERED"] = True
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+        _BUILTINS_REGISTERED = True
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, before_first=_register_builtins)

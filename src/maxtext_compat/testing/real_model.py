@@ -133,7 +133,7 @@ def maxtext_greedy(cfg: Any, mesh: Any, model: Any, prompts: Sequence[Sequence[i
     """Greedy decode by MaxText's own dense forward, all prompts as one batch (one compiled program)."""
     import numpy as np
 
-    from maxtext_compat.serving.reference import greedy_decode
+    from maxtext_compat.decode.greedy import greedy_decode
 
     def logits(batch: list[list[int]]) -> Any:
         return _dense_logits(cfg, mesh, model, np.asarray(batch, np.int32))

@@ -21,13 +21,13 @@ import pytest
 
 if TYPE_CHECKING:
     from maxtext_compat.matrix import MaxTextRow
+    from maxtext_compat.pytest_plugin.state import PluginState
     from maxtext_compat.testing.conventions import ConventionCase
     from maxtext_compat.testing.paged_steps import PagedKVCache, PagedStep
-    from maxtext_compat.testing.plugin_state import PluginState
     from maxtext_compat.testing.tiny_models import TinyMaxText, TinyModel
 
-OPTION = "--maxtext-compat-row"
-MARKER = "maxtext_release"
+from maxtext_compat.pytest_plugin.state import MARKER, OPTION
+
 CONVENTION = "maxtext_convention"
 CONFIG_FIXTURE = "tiny_maxtext_config"
 MODEL_FIXTURE = "tiny_maxtext_model"
@@ -52,7 +52,7 @@ def _state(config: pytest.Config) -> PluginState:
     """This session's state (created in pytest_configure, or here if the plugin was registered later)."""
     state = config.stash.get(_STATE, None)
     if state is None:
-        from maxtext_compat.testing.plugin_state import PluginState
+        from maxtext_compat.pytest_plugin.state import PluginState
 
         state = config.stash[_STATE] = PluginState(config.getoption("maxtext_compat_row", None))
     return state

@@ -8,7 +8,7 @@ dense reference, the KV caches read back per prompt); `start_in_env(env, specs)`
 in another environment's python (one process for all specs: imports cost 20-50 s) and
 `.results()` loads its outputs from .npz files.
 
-    python -m maxtext_compat.testing.crossrun SPECS.json OUT_0.npz ...   # what the subprocess runs
+    python -m helpers.crossrun SPECS.json OUT_0.npz ...   # what the subprocess runs
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_compat.errors import CrossRunError, InvalidArgumentError
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
 
 # What a CPU subprocess needs before jax / tpu-inference import (see maxtext_runtime.md, Q6).
 CPU_ENV = {
@@ -148,7 +150,7 @@ def build(spec: RunSpec) -> tuple[Any, Any]:
 
 def run(spec: RunSpec, model: Any = None, dense_model: Any = None) -> RunResult:
     """Execute `spec` here (models built from it unless given)."""
-    from maxtext_compat.engine import Buckets, PagedEngine, dense_greedy
+    from maxtext_compat.decode import Buckets, PagedEngine, dense_greedy
     from maxtext_compat.paged import read_kv
     from maxtext_compat.testing import tiny
 
@@ -203,7 +205,7 @@ def _pack_generation(prefix: str, gen: Any, out: dict[str, Any]) -> dict[str, An
 
 
 def _unpack_generation(prefix: str, data: Any, info: dict[str, Any], prompts: Any, path: str) -> Any:
-    from maxtext_compat.engine import Generation, StepRecord
+    from maxtext_compat.decode import Generation, StepRecord
 
     tokens = data[f"{prefix}/tokens"]
     seconds = data[f"{prefix}/seconds"]
@@ -329,11 +331,12 @@ def start_in_env(
     outs = [work / f"result_{k}.npz" for k in range(len(specs))]
     spec_path.write_text(json.dumps([json.loads(s.to_json()) for s in specs]))
     child_env = {**os.environ, **CPU_ENV, "MAXTEXT_COMPAT_ENV": env}
-    if import_first is not None:
-        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(import_first), os.environ.get("PYTHONPATH")) if p)
+    # The child runs this module as `helpers.crossrun`: the tests folder goes on its path (after a migrated copy).
+    first = [str(import_first)] if import_first is not None else []
+    child_env["PYTHONPATH"] = os.pathsep.join([*first, str(TESTS_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
     with open(log, "w") as f:
         process = subprocess.Popen(
-            [str(python), "-m", "maxtext_compat.testing.crossrun", str(spec_path), *map(str, outs)],
+            [str(python), "-m", "helpers.crossrun", str(spec_path), *map(str, outs)],
             stdout=f, stderr=subprocess.STDOUT, env=child_env, text=True,
         )  # fmt: skip
     return PendingRun(env, process, outs, log, time.monotonic(), timeout)
@@ -342,7 +345,7 @@ def start_in_env(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2:
-        print("usage: python -m maxtext_compat.testing.crossrun SPECS.json OUT_0.npz [OUT_1.npz ...]", file=sys.stderr)
+        print("usage: python -m helpers.crossrun SPECS.json OUT_0.npz [OUT_1.npz ...]", file=sys.stderr)
         return 2
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.shipped import REPO, shipped_matrix
-from maxtext_compat import envs, testmatrix
+from maxtext_compat import env_runner, envs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix
 
@@ -46,11 +46,11 @@ def matrix(tmp_path, monkeypatch):
 
 
 def test_an_environment_that_fails_to_build_fails_the_run(matrix, tmp_path):
-    results = testmatrix.run_matrix(["broken"], matrix=matrix, report_dir=tmp_path / "build", log=lambda _: None)
+    results = env_runner.run_matrix(["broken"], matrix=matrix, report_dir=tmp_path / "build", log=lambda _: None)
     (r,) = results
     assert r.status == "build-failed" and not r.ok and "six" in r.detail
-    assert testmatrix.main_exit_code(results) == 1
-    assert testmatrix.closing_line(results) == "compat-matrix: 0 passed, 1 failed, 0 skipped"
+    assert env_runner.main_exit_code(results) == 1
+    assert env_runner.closing_line(results) == "compat-matrix: 0 passed, 1 failed, 0 skipped"
     data = json.loads((tmp_path / "build" / "compat-report.json").read_text())
     assert data["envs"][0]["status"] == "build-failed"
     assert "build-failed" in (tmp_path / "build" / "compat-report.md").read_text()
@@ -66,13 +66,13 @@ def test_counts_come_from_the_real_run_and_skips_are_not_passes(matrix, tmp_path
         "@pytest.mark.skip(reason='not here')\n"
         "def test_skipped(): pass\n"
     )
-    results = testmatrix.run_matrix(
+    results = env_runner.run_matrix(
         ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite), "-q"], log=lambda _: None
     )
     (r,) = results
     assert (r.passed, r.failed, r.skipped) == (1, 1, 1)
     assert r.status == "failed"
-    assert testmatrix.closing_line(results) == "compat-matrix: 1 passed, 1 failed, 1 skipped"
+    assert env_runner.closing_line(results) == "compat-matrix: 1 passed, 1 failed, 1 skipped"
     env = json.loads((tmp_path / "build" / "compat-report.json").read_text())["envs"][0]
     assert {"name", "versions", "passed", "failed", "skipped", "duration_s"} <= set(env)
     assert env["name"] == "tiny" and env["duration_s"] > 0
@@ -89,12 +89,12 @@ def test_a_hung_environment_is_stopped_with_everything_it_started(matrix, tmp_pa
         f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
         "    time.sleep(600)\n"
     )
-    monkeypatch.setenv(testmatrix.TIMEOUT_VAR, "20")
+    monkeypatch.setenv(env_runner.TIMEOUT_VAR, "20")
     t0 = time.monotonic()
-    (r,) = testmatrix.run_matrix(
+    (r,) = env_runner.run_matrix(
         ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite)], log=lambda _: None
     )
-    assert r.status == "timeout" and not r.ok and testmatrix.TIMEOUT_VAR in r.detail
+    assert r.status == "timeout" and not r.ok and env_runner.TIMEOUT_VAR in r.detail
     assert time.monotonic() - t0 < 120
     child = int(pid_file.read_text())
     time.sleep(0.5)
@@ -103,24 +103,24 @@ def test_a_hung_environment_is_stopped_with_everything_it_started(matrix, tmp_pa
 
 @pytest.mark.parametrize("value", ["0", "-5", "soon", "nan", "inf", "1e400", "1e9"])
 def test_a_timeout_that_is_not_seconds_is_refused(monkeypatch, value):
-    monkeypatch.setenv(testmatrix.TIMEOUT_VAR, value)
-    with pytest.raises(InvalidArgumentError, match=testmatrix.TIMEOUT_VAR) as e:
-        testmatrix.env_timeout("maxtext-0.2.5")
+    monkeypatch.setenv(env_runner.TIMEOUT_VAR, value)
+    with pytest.raises(InvalidArgumentError, match=env_runner.TIMEOUT_VAR) as e:
+        env_runner.env_timeout("maxtext-0.2.5")
     assert repr(value) in str(e.value)
 
 
 def test_the_timeout_follows_the_recorded_time(monkeypatch):
-    monkeypatch.delenv(testmatrix.TIMEOUT_VAR, raising=False)
-    recorded = testmatrix.expected_durations()
-    assert testmatrix.env_timeout("maxtext-0.2.5") == max(1200.0, 3 * recorded["maxtext-0.2.5"])
-    assert testmatrix.env_timeout("not-recorded") == 3600.0
+    monkeypatch.delenv(env_runner.TIMEOUT_VAR, raising=False)
+    recorded = env_runner.expected_durations()
+    assert env_runner.env_timeout("maxtext-0.2.5") == max(1200.0, 3 * recorded["maxtext-0.2.5"])
+    assert env_runner.env_timeout("not-recorded") == 3600.0
 
 
 def test_an_environment_that_runs_no_test_fails(matrix, tmp_path):
     suite = tmp_path / "empty"
     suite.mkdir()
     (suite / "test_none.py").write_text("x = 1\n")
-    (r,) = testmatrix.run_matrix(
+    (r,) = env_runner.run_matrix(
         ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite)], log=lambda _: None
     )
     assert r.status == "no-tests" and not r.ok
@@ -128,15 +128,15 @@ def test_an_environment_that_runs_no_test_fails(matrix, tmp_path):
 
 def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
     real = shipped_matrix()
-    assert testmatrix.mocked_rows(real) == []  # every MaxText release has a real environment
+    assert env_runner.mocked_rows(real) == []  # every MaxText release has a real environment
     # Without the 0.2.x environments but 0.2.5's, releases 0.2.0-0.2.4 would be covered by mocks only.
     envs = {
         k: v for k, v in real.environments.items() if not (v.maxtext or "").startswith("0.2.") or k == "maxtext-0.2.5"
     }
     fewer = dataclasses.replace(real, environments=envs)
-    mocked = testmatrix.mocked_rows(fewer)
+    mocked = env_runner.mocked_rows(fewer)
     assert mocked == ["0.2.0", "0.2.1", "0.2.2", "0.2.3", "0.2.4"]
-    testmatrix.write_reports([], fewer, tmp_path)
+    env_runner.write_reports([], fewer, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["maxtext"] for r in data["mocked_rows"]] == mocked
     assert "MaxText 0.2.3: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
@@ -144,7 +144,7 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
 
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     real = shipped_matrix()
-    ranges = testmatrix.mocked_tpu_inference_rows(real)
+    ranges = env_runner.mocked_tpu_inference_rows(real)
     # The envs pin tpu-inference 0.32.0, 0.27.0, 0.26.0, 0.22.1 and 0.19.0: every range but the five holding
     # them is mocked only.
     real_ranges = {">=0.31.0,<0.33.0", ">=0.27.0,<0.29.0", ">=0.26.0,<0.27.0", ">=0.22.0,<0.25.0", ">=0.18.0,<0.20.0"}
@@ -152,7 +152,7 @@ def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     assert len(ranges) == len(real.tpu_inference) - len(real_ranges)
     assert ">=0.11.1,<0.12.0" in ranges
     assert not any("0.33.0" in r for r in ranges)
-    testmatrix.write_reports([], real, tmp_path)
+    env_runner.write_reports([], real, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["tpu_inference"] for r in data["mocked_tpu_inference_rows"]] == ranges
     assert "- tpu-inference >=0.11.1,<0.12.0: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
@@ -163,7 +163,7 @@ def test_every_range_no_environment_installs_says_why_and_no_real_range_does():
     """`not_real:` is the report's one line per mocked range: missing there, or stale on a range an
     environment now installs, is a wrong fact."""
     real = shipped_matrix()
-    mocked = set(testmatrix.mocked_tpu_inference_rows(real))
+    mocked = set(env_runner.mocked_tpu_inference_rows(real))
     for row in real.tpu_inference:
         assert bool(row.not_real) == (row.label in mocked), (row.label, row.not_real)
 
@@ -208,39 +208,39 @@ def test_an_environment_that_lists_test_files_runs_only_those():
 def test_schedule_starts_the_longest_recorded_environment_first():
     names = ["unit", "a", "b", "c"]
     # c is unknown (may be long: first), then by recorded seconds, ties in matrix order
-    assert testmatrix.schedule(names, {"unit": 100.0, "a": 5.0, "b": 900.0}) == ["c", "b", "unit", "a"]
-    assert testmatrix.schedule(names, {}) == names
+    assert env_runner.schedule(names, {"unit": 100.0, "a": 5.0, "b": 900.0}) == ["c", "b", "unit", "a"]
+    assert env_runner.schedule(names, {}) == names
 
 
 def test_recorded_durations_are_read_leniently_and_cover_every_real_environment(tmp_path):
-    assert testmatrix.expected_durations(tmp_path / "missing.json") == {}
+    assert env_runner.expected_durations(tmp_path / "missing.json") == {}
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
-    assert testmatrix.expected_durations(bad) == {}
-    recorded = testmatrix.expected_durations(REPO / testmatrix.DURATIONS_FILE)
+    assert env_runner.expected_durations(bad) == {}
+    recorded = env_runner.expected_durations(REPO / env_runner.DURATIONS_FILE)
     assert set(recorded) == set(shipped_matrix().environments)
 
 
 def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch, tmp_path):
-    monkeypatch.setenv(testmatrix.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
-    env = testmatrix.compile_cache_env("maxtext-0.2.5")
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    env = env_runner.compile_cache_env("maxtext-0.2.5")
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cc" / "jax-compile" / "maxtext-0.2.5")
-    monkeypatch.setenv(testmatrix.COMPILE_CACHE_VAR, "")
-    assert testmatrix.compile_cache_env("maxtext-0.2.5") == {}
-    monkeypatch.delenv(testmatrix.COMPILE_CACHE_VAR)
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, "")
+    assert env_runner.compile_cache_env("maxtext-0.2.5") == {}
+    monkeypatch.delenv(env_runner.COMPILE_CACHE_VAR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert testmatrix.compile_cache_env("x")["JAX_COMPILATION_CACHE_DIR"].startswith(str(tmp_path / "xdg"))
+    assert env_runner.compile_cache_env("x")["JAX_COMPILATION_CACHE_DIR"].startswith(str(tmp_path / "xdg"))
 
 
 @pytest.mark.parametrize("jobs", [0, -1, 2.5, True, "2"])
 def test_jobs_must_be_a_positive_whole_number(matrix, tmp_path, jobs):
     with pytest.raises(InvalidArgumentError, match=r"\[jobs\] jobs must be >= 1.*Found: "):
-        testmatrix.run_matrix(["tiny"], matrix=matrix, report_dir=tmp_path, jobs=jobs, log=lambda _: None)
+        env_runner.run_matrix(["tiny"], matrix=matrix, report_dir=tmp_path, jobs=jobs, log=lambda _: None)
 
 
 def test_a_build_failure_with_jobs_is_reported_like_without(matrix, tmp_path):
     # The parallel path must record a broken build per environment, not abort the run.
-    results = testmatrix.run_matrix(
+    results = env_runner.run_matrix(
         ["broken", "tiny"],
         matrix=matrix,
         report_dir=tmp_path / "build",
@@ -251,7 +251,7 @@ def test_a_build_failure_with_jobs_is_reported_like_without(matrix, tmp_path):
     broken, tiny = results
     assert broken.status == "build-failed" and "six" in broken.detail
     assert tiny.name == "tiny" and tiny.status != "build-failed"
-    assert testmatrix.main_exit_code(results) == 1
+    assert env_runner.main_exit_code(results) == 1
 
 
 def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matrix, tmp_path):
@@ -281,7 +281,7 @@ def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matr
         "    assert os.environ['MAXTEXT_COMPAT_ENV'] != 'tiny2', 'FAILS-IN-TINY2'\n"
     )
     lines: list[str] = []
-    results = testmatrix.run_matrix(
+    results = env_runner.run_matrix(
         ["tiny", "tiny2"],
         matrix=m,
         report_dir=tmp_path / "build",
@@ -302,7 +302,7 @@ def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matr
 def test_record_durations_keeps_other_environments_and_skips_failed_runs(tmp_path):
     f = tmp_path / "d.json"
     f.write_text('{"a": 10, "b": 20}')
-    ok = testmatrix.EnvResult(name="b", maxtext=None, passed=1, duration_s=33.4)
-    bad = testmatrix.EnvResult(name="a", maxtext=None, failed=1, duration_s=1.0, status="failed")
-    testmatrix.record_durations([ok, bad], f)
+    ok = env_runner.EnvResult(name="b", maxtext=None, passed=1, duration_s=33.4)
+    bad = env_runner.EnvResult(name="a", maxtext=None, failed=1, duration_s=1.0, status="failed")
+    env_runner.record_durations([ok, bad], f)
     assert json.loads(f.read_text()) == {"a": 10, "b": 33}

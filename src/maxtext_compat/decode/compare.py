@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from maxtext_compat.engine.types import Generation
+from maxtext_compat.decode.types import Generation
 from maxtext_compat.errors import InvalidArgumentError
 
 

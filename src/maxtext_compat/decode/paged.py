@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from maxtext_compat.engine.timing import TraceCountingJit, timed_call
-from maxtext_compat.engine.types import Buckets, Generation, StepRecord, check_force, check_prompts, next_inputs
+from maxtext_compat.decode.timing import TraceCountingJit, timed_call
+from maxtext_compat.decode.types import Buckets, Generation, StepRecord, check_force, check_prompts, next_inputs
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.paged import KVCacheLayout, PageAllocator, SequenceSlice, build_metadata, head_parallelism
 from maxtext_compat.paged.layout import cdiv, dtype_name

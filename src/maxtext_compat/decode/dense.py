@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from maxtext_compat.engine.timing import TraceCountingJit, timed_call
-from maxtext_compat.engine.types import Generation, StepRecord, check_force, check_prompts, next_inputs
+from maxtext_compat.decode.timing import TraceCountingJit, timed_call
+from maxtext_compat.decode.types import Generation, StepRecord, check_force, check_prompts, next_inputs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.paged.layout import align
 

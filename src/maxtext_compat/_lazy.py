@@ -1,0 +1,42 @@
+"""Package faces that import their contents on first use (`import maxtext_compat.x` stays light).
+
+Why one helper: every face needs the same three things (an export table, `__getattr__` that imports the
+owning module once, `__dir__` that lists the exports); written once, no face forgets one of them.
+Type checkers and IDEs see the names through each face's `if TYPE_CHECKING:` imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_face(
+    package: str,
+    exports: dict[str, str],
+    *,
+    face: str | None = None,
+    before_first: Callable[[str], None] | None = None,
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """(`__getattr__`, `__dir__`) for the face `face` (default `package`): name -> the module, relative to
+    `package`, that defines it.
+
+    `before_first(module)` runs before a module is imported through the face (e.g. registering built-in
+    profiles the first time the profile API is reached)."""
+    module = importlib.import_module(face or package)
+
+    def __getattr__(name: str) -> Any:
+        owner = exports.get(name)
+        if owner is None:
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+        if before_first is not None:
+            before_first(owner)
+        value = getattr(importlib.import_module(f"{package}.{owner}"), name)
+        setattr(module, name, value)  # the next lookup does not come here
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(module), *exports})
+
+    return __getattr__, __dir__
