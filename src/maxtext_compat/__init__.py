@@ -1,7 +1,8 @@
 """maxtext-compat: call any MaxText release with either call convention and serve it with vLLM.
 
 `import maxtext_compat` is deliberately light: it imports neither jax nor MaxText. Heavy
-pieces (adapters, shims, the paged KV cache) load on first use.
+pieces (adapters, shims, the paged KV cache) load on first use. Every error class is exported here
+(they all live in `maxtext_compat.errors`), so one import catches any of them.
 """
 
 from __future__ import annotations
@@ -10,12 +11,35 @@ from typing import TYPE_CHECKING, Any
 
 from maxtext_compat._version import __version__
 from maxtext_compat.errors import (
+    BackendUnavailableError,
+    BackportError,
+    CacheCapacityError,
     CompatError,
+    ConventionMismatchError,
+    CrossRunError,
+    EnvironmentBuildError,
     IncompatibleVersionsError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
+    KernelUnavailableError,
+    KVCacheNotUpdatedError,
     MatrixError,
+    OldConventionError,
+    PatchConflictError,
+    PatchError,
+    PatchTargetError,
+    ProbeMismatchError,
+    ProbeMismatchWarning,
+    ProfileError,
     ResolutionError,
+    ServingConfigError,
+    ServingError,
+    ShimRefusedError,
+    StaleSliceError,
+    TracedBeforeInstallWarning,
     UnknownReleaseWarning,
+    WeightsMismatchError,
+    WeightsUnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -23,12 +47,35 @@ if TYPE_CHECKING:
     from maxtext_compat.resolver import Resolution
 
 __all__ = [
+    "BackendUnavailableError",
+    "BackportError",
+    "CacheCapacityError",
     "CompatError",
+    "ConventionMismatchError",
+    "CrossRunError",
+    "EnvironmentBuildError",
     "IncompatibleVersionsError",
     "InvalidArgumentError",
+    "InvalidArgumentTypeError",
+    "KVCacheNotUpdatedError",
+    "KernelUnavailableError",
     "MatrixError",
+    "OldConventionError",
+    "PatchConflictError",
+    "PatchError",
+    "PatchTargetError",
+    "ProbeMismatchError",
+    "ProbeMismatchWarning",
+    "ProfileError",
     "ResolutionError",
+    "ServingConfigError",
+    "ServingError",
+    "ShimRefusedError",
+    "StaleSliceError",
+    "TracedBeforeInstallWarning",
     "UnknownReleaseWarning",
+    "WeightsMismatchError",
+    "WeightsUnavailableError",
     "__version__",
     "load_matrix",
     "resolve",

@@ -16,6 +16,7 @@ import yaml
 from maxtext_compat.errors import MatrixError
 
 T = TypeVar("T")
+C = TypeVar("C", bound=str)
 
 
 class _StrictSafeLoader(yaml.SafeLoader):
@@ -185,11 +186,13 @@ class Node:
             raise self.error("must be an integer", expected="an integer")
         return self.value
 
-    def choice(self, allowed: tuple[str, ...]) -> str:
+    def choice(self, allowed: tuple[C, ...]) -> C:
+        """The value, which must be one of `allowed` (returned as the element of `allowed` it equals)."""
         s = self.string()
-        if s not in allowed:
-            raise self.error("has an unknown value", expected=f"one of {list(allowed)}")
-        return s
+        for option in allowed:
+            if s == option:
+                return option
+        raise self.error("has an unknown value", expected=f"one of {list(allowed)}")
 
     def string_list(self) -> tuple[str, ...]:
         return tuple(n.nonempty_string() for n in self.elements())

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -42,6 +43,9 @@ TIMEOUT_FACTOR, MIN_TIMEOUT_S, DEFAULT_TIMEOUT_S = 3.0, 1200.0, 3600.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it a value is a typo (inf would mean no timeout at all)
 
 
+Status = Literal["ok", "failed", "build-failed", "no-tests", "timeout"]
+
+
 @dataclass
 class EnvResult:
     name: str
@@ -52,7 +56,7 @@ class EnvResult:
     errors: int = 0
     skipped: int = 0
     duration_s: float = 0.0
-    status: str = "ok"  # ok | failed | build-failed | no-tests | timeout
+    status: Status = "ok"
     detail: str = ""
     peak_memory_gb: float = 0.0  # summed memory (PSS) of the run's process tree at its highest
 

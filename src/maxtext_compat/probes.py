@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from maxtext_compat.matrix import OPTIONAL_PARAMS, ClassRef, MaxTextRow
 
@@ -35,7 +36,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class ProbeReport:
-    mode: str  # static | runtime
+    mode: Literal["static", "runtime"]
     import_root: str | None
     findings: tuple[Finding, ...]
 

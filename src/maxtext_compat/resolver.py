@@ -12,7 +12,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from packaging.version import Version
 
@@ -27,6 +27,9 @@ from maxtext_compat.matrix import CompatMatrix, MaxTextRow, TpiRelease, TpuInfer
 from maxtext_compat.probes import ProbeReport, probe_static
 from maxtext_compat.versions import DistInfo, hypothetical_versions, installed_versions
 
+MaxTextMatch = Literal["exact", "commit", "dev", "nearest", "absent"]
+TpuInferenceMatch = Literal["exact", "nearest", "absent"]
+
 
 @dataclass(frozen=True)
 class Resolution:
@@ -34,9 +37,9 @@ class Resolution:
 
     versions: Mapping[str, DistInfo]
     maxtext: MaxTextRow | None
-    maxtext_match: str  # exact | commit | dev | nearest | absent
+    maxtext_match: MaxTextMatch
     tpu_inference: TpuInferenceRow | None
-    tpu_inference_match: str  # exact | nearest | absent
+    tpu_inference_match: TpuInferenceMatch
     notes: tuple[str, ...] = ()
     probe: ProbeReport | None = None
     matrix: CompatMatrix | None = field(default=None, repr=False, compare=False)
@@ -127,7 +130,7 @@ def resolve(
     return Resolution(infos, row, how, tpi, tpi_how, tuple(notes), report, m)
 
 
-def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> tuple[MaxTextRow | None, str]:
+def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> tuple[MaxTextRow | None, MaxTextMatch]:
     if info is None:
         return None, "absent"
     commit = (info.commit or "").lower()
@@ -179,7 +182,7 @@ _COMMIT = re.compile(r"[0-9a-f]{7,40}")  # abbreviated (>= 7, as git prints them
 
 def _match_tpu_inference(
     m: CompatMatrix, info: DistInfo | None, notes: list[str]
-) -> tuple[TpuInferenceRow | None, str]:
+) -> tuple[TpuInferenceRow | None, TpuInferenceMatch]:
     if info is None or not m.tpu_inference:
         return None, "absent"
     v = info.parsed

@@ -148,3 +148,16 @@ def test_the_checker_sees_what_it_must():
     assert "maxtext_compat.resolver" in GRAPH["maxtext_compat.shims.profiles"]  # TYPE_CHECKING + in a function
     assert "maxtext_compat.shims.maxtext_profiles" in GRAPH["maxtext_compat.vllm_plugin"]  # importlib literal
     assert layer_of("maxtext_compat.shims.maxtext_profiles") > layer_of("maxtext_compat.shims.profiles")
+
+
+def test_the_readme_draws_the_same_layers():
+    """README's architecture table lists each layer's modules; it cannot drift from the table checked here."""
+    import re
+
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Architecture") :]
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|$", section, flags=re.M)
+    drawn = {
+        int(n): {name.strip("`/").replace("/", ".") for name in re.findall(r"`[^`]+`", cells)} for n, cells in rows
+    }
+    assert drawn == {i: set(names) for i, names in enumerate(LAYERS)}

@@ -6,7 +6,7 @@ import importlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -17,14 +17,19 @@ from maxtext_compat.versions import as_version, version_in
 SCHEMA_VERSION = 1
 MATRIX_ENV_VAR = "MAXTEXT_COMPAT_MATRIX"
 
+# Each closed set of values is declared once, as a Literal; the tuple the parser checks against is read from it.
 Convention = Literal["legacy", "kv_return", "kv_scan_carry"]
-CONVENTIONS: tuple[str, ...] = ("legacy", "kv_return", "kv_scan_carry")
+CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 # What the code *calling* MaxText expects: `auto` decides per call by what the caller wrote,
 # `legacy` always wants the old return, `kv_return` always the new one (see maxtext_compat.convention.declared).
-CALLER_CONVENTIONS: tuple[str, ...] = ("auto", "legacy", "kv_return")
-POLICIES: tuple[str, ...] = ("ignore", "warn", "error")
-DECODER_KINDS: tuple[str, ...] = ("linen", "nnx")
-CALL_FORMS: tuple[str, ...] = ("curried", "flat")
+CallerConvention = Literal["auto", "legacy", "kv_return"]
+CALLER_CONVENTIONS: tuple[CallerConvention, ...] = get_args(CallerConvention)
+Policy = Literal["ignore", "warn", "error"]
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+DecoderKind = Literal["linen", "nnx"]
+DECODER_KINDS: tuple[DecoderKind, ...] = get_args(DecoderKind)
+CallForm = Literal["curried", "flat"]
+CALL_FORMS: tuple[CallForm, ...] = get_args(CallForm)
 # How a package's `.devN` builds relate to the release they are named for. PEP 440 orders 0.29.0.dev1
 # before 0.29.0 (`before_release`); a nightly uploaded after its named release (tpu-inference's
 # 0.31.0.dev20261006 came 8 h after 0.31.0) has that release's API (`after_release`).
@@ -96,7 +101,7 @@ class ClassRef:
 class Deprecation:
     """What an old-convention call gets on this row, and until when."""
 
-    policy: str  # ignore | warn | error
+    policy: Policy
     since: str | None
     ends_in: str | None
     migration: str
@@ -169,10 +174,10 @@ class MaxTextRow:
     date: str
     source_commit: str | None
     import_root: str
-    convention: str
+    convention: Convention
     classes: Mapping[str, ClassRef | None]
     decoder_layers: Mapping[str, ClassRef]
-    default_decoder: str
+    default_decoder: DecoderKind
     returns: Mapping[str, str | None]
     attention_params: frozenset[str]
     decoder_layer_params: frozenset[str]
@@ -186,7 +191,7 @@ class MaxTextRow:
     deprecation: Deprecation
     known_defects: tuple[KnownDefect, ...]
     notes: str = ""
-    callers: str = "auto"  # the caller convention code on this row gets unless it declares one
+    callers: CallerConvention = "auto"  # the caller convention code on this row gets unless it declares one
 
     @property
     def name(self) -> str:
@@ -203,7 +208,7 @@ class RpaSpec:
 
     module: str
     function: str
-    call_form: str  # curried | flat
+    call_form: CallForm
     factory_params: tuple[str, ...]
     params: tuple[str, ...]
     optional_kwargs: tuple[str, ...]

@@ -6,7 +6,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from maxtext_compat.errors import InvalidArgumentError
 
@@ -83,6 +83,9 @@ class PatchSpec:
         return f"{mod}.{name}"
 
 
+TargetKind = Literal["function", "method", "staticmethod", "classmethod", "callable"]
+
+
 class Original(NamedTuple):
     """What a factory gets: the resolved target before patching (immutable)."""
 
@@ -92,7 +95,7 @@ class Original(NamedTuple):
     attribute: str
     raw: Any  # the raw dict entry: function, staticmethod, classmethod, or a wrapper beneath us
     function: Callable[..., Any]  # raw without its staticmethod/classmethod descriptor
-    kind: str  # function | method | staticmethod | classmethod | callable
+    kind: TargetKind
     defined_in: Any  # the module or class whose __dict__ holds raw (differs from owner when inherited)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from maxtext_compat.errors import PatchTargetError
-from maxtext_compat.shims.patching.spec import Original, PatchSpec, parse_target
+from maxtext_compat.shims.patching.spec import Original, PatchSpec, TargetKind, parse_target
 from maxtext_compat.shims.patching.state import describe_object, name_of
 
 
@@ -122,7 +122,7 @@ def resolve_target(spec: PatchSpec, profile: str) -> Original:
     return Original(spec.target, profile, owner, attribute, raw, function, kind, defined_in)
 
 
-def _kind(raw: Any, owner: Any) -> tuple[str | None, Any]:
+def _kind(raw: Any, owner: Any) -> tuple[TargetKind | None, Any]:
     if isinstance(raw, staticmethod):
         return "staticmethod", raw.__func__
     if isinstance(raw, classmethod):
