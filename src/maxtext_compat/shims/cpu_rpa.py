@@ -106,7 +106,7 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
     kernel already ran in this process, run `jax.clear_caches()` and reset the interpreter
     state instead of refusing (cached traces would keep the stock interpreter callbacks).
     """
-    global _STATUS
+    global _STATUS, _APPLIED
     with _LOCK:
         if installed():
             assert _STATUS is not None
@@ -137,7 +137,6 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
         _refuse_if_late(clear_caches)
         tpi_version, methods = _block_size_methods(force)
         applied_method, block_settings = _block_size_settings(methods)
-        global _APPLIED
         _APPLIED = apply_settings(
             PROFILE, [*views.settings(), _tpu_info_setting(), *block_settings, _interpret_mode_setting()]
         )
