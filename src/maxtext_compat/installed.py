@@ -30,9 +30,12 @@ class InstalledResolution:
     resolution: Resolution
     warnings: tuple[warnings.WarningMessage, ...]
 
-    def show(self, *, at_call_site: bool = False) -> None:
-        """Emit the recorded warnings again: at the caller's line outside maxtext-compat, or here."""
+    def show(self, *, only: type[Warning] = Warning, at_call_site: bool = False) -> None:
+        """Emit the recorded warnings of category `only` again: at the caller's line outside maxtext-compat,
+        or here."""
         for w in self.warnings:
+            if not issubclass(w.category, only):
+                continue
             if at_call_site:
                 warn_at_call_site(str(w.message), w.category)
             else:
@@ -74,9 +77,7 @@ def installed_row(*, warn_unknown: bool = False) -> MaxTextRow:
     maxtext-compat (`wrap()` does this, as the README promises); otherwise warnings are dropped."""
     found = installed_resolution()
     if warn_unknown:
-        for w in found.warnings:
-            if issubclass(w.category, UnknownReleaseWarning):
-                warn_at_call_site(str(w.message), UnknownReleaseWarning)
+        found.show(only=UnknownReleaseWarning, at_call_site=True)
     if found.resolution.maxtext is None:
         raise ResolutionError(
             "MaxText is not installed", fix="install a MaxText release (see `maxtext-compat envs` for working pins)"

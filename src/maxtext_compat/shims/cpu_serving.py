@@ -67,7 +67,6 @@ SAMPLING = "tpu_inference.layers.jax.sample.sampling"
 
 log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
-_MISSING = object()
 
 
 @dataclass(frozen=True)

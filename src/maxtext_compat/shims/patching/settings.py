@@ -112,7 +112,7 @@ def apply_settings(profile: str, settings: Iterable[Setting]) -> SettingSet:
         done: list[tuple[Setting, Any]] = []
         try:
             for setting, before in planned:
-                if setting.keep_existing and before is not ABSENT and before != "":
+                if setting.keep_existing and before is not ABSENT and not (isinstance(before, str) and before == ""):
                     continue  # the user's (or another library's) own value wins
                 setting.slot.write(setting.value)
                 done.append((setting, before))
