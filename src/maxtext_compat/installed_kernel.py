@@ -39,7 +39,7 @@ def install_hint(m: CompatMatrix, maxtext: str | None) -> str:
     wanted = None
     if maxtext is not None:
         try:
-            wanted = m.row(maxtext).tpu_inference
+            wanted = m.row(maxtext).requires.tpu_inference
         except CompatError:  # an unlisted release: any listed tpu-inference is a fair hint
             wanted = None
     releases = [rel for r in m.tpu_inference for rel in r.releases.values() if rel.vllm_tpu]

@@ -159,8 +159,8 @@ def probe_static(row: MaxTextRow) -> ProbeReport:
         findings.append(
             Finding(
                 "Attention.__call__ optional params",
-                _present(set(row.attention_params), row.attention_params),
-                _present(params, row.attention_params),
+                _present(set(row.params.attention), row.params.attention),
+                _present(params, row.params.attention),
             )
         )
         arity = _static_return_arities(fn)
@@ -187,8 +187,8 @@ def probe_runtime(row: MaxTextRow) -> ProbeReport:
             findings.append(
                 Finding(
                     "Attention.__call__ optional params (signature)",
-                    _present(set(row.attention_params), row.attention_params),
-                    _present(params, row.attention_params),
+                    _present(set(row.params.attention), row.params.attention),
+                    _present(params, row.params.attention),
                 )
             )
     return ProbeReport("runtime", root, tuple(findings))

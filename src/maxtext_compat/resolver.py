@@ -235,15 +235,15 @@ def _check_pairs(
     m: CompatMatrix, infos: Mapping[str, DistInfo], row: MaxTextRow | None, tpi: TpuInferenceRow | None
 ) -> None:
     tpi_info = infos.get("tpu_inference")
-    wanted = None if row is None else row.tpu_inference
+    wanted = None if row is None else row.requires.tpu_inference
     if row is not None and wanted is not None and tpi_info is not None and tpi_info.parsed is not None:
         found = m.comparable("tpu_inference", tpi_info.version)
         if tpi_info.parsed != Version("0.0.0") and found is not None and not wanted.contains(found, prereleases=True):
             raise IncompatibleVersionsError(
                 f"maxtext {row.name} and tpu-inference {tpi_info.version} are incompatible "
-                f"(maxtext {row.name} needs tpu-inference {row.tpu_inference})",
+                f"(maxtext {row.name} needs tpu-inference {row.requires.tpu_inference})",
                 argument="versions",
-                expected=f"tpu-inference {row.tpu_inference}",
+                expected=f"tpu-inference {row.requires.tpu_inference}",
                 found=f"maxtext {row.name} + tpu-inference {tpi_info.version}",
                 fix="use one of the nearest compatible pairs: " + _nearest_pairs(m, row, tpi_info.parsed),
             )
@@ -288,14 +288,15 @@ def _check_pairs(
 
 
 def _nearest_pairs(m: CompatMatrix, row: MaxTextRow, tpi_version: Version) -> str:
-    assert row.tpu_inference is not None
+    needed = row.requires.tpu_inference
+    assert needed is not None
     options: list[str] = []
-    fitting = [v for v in known_tpu_inference_releases(m) if row.tpu_inference.contains(str(v), prereleases=True)]
+    fitting = [v for v in known_tpu_inference_releases(m) if needed.contains(str(v), prereleases=True)]
     if fitting:
         best = min(fitting, key=lambda v: _distance(v, tpi_version))
         options.append(f"maxtext {row.name} + tpu-inference {best}")
     tpi_cmp = m.comparable("tpu_inference", tpi_version) or tpi_version
-    rows = [r for r in m.maxtext if r.tpu_inference is not None and r.tpu_inference.contains(tpi_cmp)]
+    rows = [r for r in m.maxtext if r.requires.tpu_inference is not None and r.requires.tpu_inference.contains(tpi_cmp)]
     rows = [r for r in rows if r.has_kv_params]  # a native vLLM path, like the row asked for
     if rows:
         best_row = min(rows, key=lambda r: _distance(r.release, row.release))

@@ -48,7 +48,7 @@ def test_attention_signature_matches_the_row(resolution):
     Attention = row.classes["attention"].load()
     params = inspect.signature(Attention.__call__).parameters
     for name in ("kv_cache", "attention_metadata", "page_state", "out_sharding", "rope_kwargs", "shared_key"):
-        assert (name in params) == (name in row.attention_params), name
+        assert (name in params) == (name in row.params.attention), name
 
 
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")  # the envs that install tpu-inference

@@ -123,7 +123,7 @@ def test_page_state_none_is_dropped_where_gone_and_passed_where_present(release)
     row, cls = attention(release)
     a = cls()
     a("x", "x", page_state=None)
-    assert ("page_state" in a.calls[0]) == ("page_state" in row.attention_params)
+    assert ("page_state" in a.calls[0]) == ("page_state" in row.params.attention)
 
 
 @pytest.mark.parametrize("release", ["0.2.3", "0.2.4", "0.2.5"])

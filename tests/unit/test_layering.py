@@ -23,7 +23,7 @@ MAX_LINES = 520  # "no file over ~500 lines"
 # Lowest first. A name covers the module and everything under it; the longest match wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_version", "_lazy", "errors", "progress", "xla_flags", "switches", "envmemory"),  # no package imports
-    ("versions", "_yaml_reader"),  # installed distributions; the strict YAML reader
+    ("versions",),  # installed distributions
     ("matrix", "defects"),  # compat_matrix.yaml as typed rows
     ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed
     ("shims.registry", "shims.patching", "shims.traced", "shims.profiles"),  # the patching engine (no MaxText)

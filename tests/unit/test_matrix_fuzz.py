@@ -231,7 +231,7 @@ def check_invariants(m: CompatMatrix) -> None:
     for row in m.maxtext:
         assert isinstance(row.release, Version)
         assert row.convention in CONVENTIONS
-        assert (row.convention == "legacy") == ("kv_cache" not in row.attention_params)
+        assert (row.convention == "legacy") == ("kv_cache" not in row.params.attention)
         assert row.deprecation.policy in POLICIES and (row.deprecation.policy == "ignore" or row.deprecation.ends_in)
         assert row.classes["attention"] is not None and row.classes["transformer"] is not None
         for kind, shape in row.returns.items():
@@ -255,8 +255,8 @@ def check_round_trip(m: CompatMatrix, doc: dict[str, Any]) -> None:
     for row, d in zip(m.maxtext, doc["maxtext"], strict=True):
         assert row.release == Version(_text(d["release"]))
         assert row.convention == d["convention"] and row.import_root == d["import_root"]
-        assert row.attention_params == frozenset(d["params"]["attention"])
-        assert row.decoder_layer_params == frozenset(d["params"]["decoder_layer"])
+        assert row.params.attention == frozenset(d["params"]["attention"])
+        assert row.params.decoder_layer == frozenset(d["params"]["decoder_layer"])
         given = {**dict.fromkeys(OPTIONAL_CLASS_KEYS), **d["classes"]}  # an optional class left out is None
         assert {k: None if v is None else str(v) for k, v in row.classes.items()} == given
         assert {k: str(v) for k, v in row.decoder_layers.items()} == d["decoder_layers"]
@@ -284,7 +284,7 @@ def check_round_trip(m: CompatMatrix, doc: dict[str, Any]) -> None:
 
 
 # The crash the fuzzer found first (shrunk: `schema_version: !!bool 1`): PyYAML's safe constructors raise
-# KeyError / IndexError / AttributeError on explicitly tagged odd scalars; _yaml_reader.safe_load_text now
+# KeyError / IndexError / AttributeError on explicitly tagged odd scalars; matrix.yaml_node.safe_load_text now
 # turns every exception of the loader into a MatrixError ("a value could not be read").
 CRASHERS = ["schema_version: !!bool 1\n", "x: !!int ''\n", "x: !!float ''\n", "t: !!timestamp x\n"]  # minimal
 

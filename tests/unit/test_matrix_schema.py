@@ -79,6 +79,20 @@ def test_like_copies_the_pins_with_this_release_of_maxtext(doc):
     assert "maxtext==0.2.3" in copy23.requirements
 
 
+def test_extra_requirements_add_to_own_pins_and_to_copied_ones(doc):
+    d = copy.deepcopy(doc)
+    d["environments"]["own"] = {"description": "own pins", "python": "3.12", "requirements": ["six==1.17.0"],
+                                "extra_requirements": ["idna==3.10"]}  # fmt: skip
+    d["environments"]["copied"] = {"description": "copied pins", "maxtext": "0.2.4", "like": "maxtext-0.2.5",
+                                   "extra_requirements": ["idna==3.10"]}  # fmt: skip
+    m = parse_matrix(yaml.safe_dump(d, sort_keys=False), "user/compat_matrix.yaml")
+    own, copied, base = m.environment("own"), m.environment("copied"), m.environment("maxtext-0.2.5")
+    assert own.requirements == ("six==1.17.0", "idna==3.10") and own.like is None
+    assert copied.requirements[-1] == "idna==3.10" and len(copied.requirements) == len(base.requirements) + 1
+    assert copied.like == "maxtext-0.2.5" and copied.extra_requirements == ("idna==3.10",)
+    assert "python" not in d["environments"]["copied"] and copied.python == base.python  # a required key, copied
+
+
 def test_env_var_points_at_a_user_matrix(tmp_path, monkeypatch, doc):
     own = tmp_path / "mine.yaml"
     d = copy.deepcopy(doc)
@@ -196,7 +210,7 @@ CASES = [
     ),
     (
         "release-outside-range",
-        lambda d: d["tpu_inference"][0]["releases"].update({"0.32.0": {"jax": "0.11.2"}}),
+        lambda d: d["tpu_inference"][0]["releases"].update({"0.32.0": {"jax": "0.11.2", "date": "2026-11-20"}}),
         "tpu_inference[0].releases.0.32.0",
         "outside",
     ),
@@ -209,8 +223,20 @@ CASES = [
     (
         "bad-requirement",
         lambda d: d["environments"]["maxtext-0.2.5"]["requirements"].append("jax=="),
-        "environments.maxtext-0.2.5",
+        "environments.maxtext-0.2.5.requirements[",  # the element itself
         "PEP 508",
+    ),
+    (
+        "bad-extra-requirement",
+        lambda d: d["environments"]["maxtext-0.2.4"].update(extra_requirements=["ok==1", "jax=="]),
+        "environments.maxtext-0.2.4.extra_requirements[1]",
+        "PEP 508",
+    ),
+    (
+        "environment-typo",
+        lambda d: d["environments"]["unit"].update(requirments=["six"]),
+        "environments.unit",
+        "unknown key(s) ['requirments']",
     ),
     (
         "env-without-row",
@@ -289,7 +315,7 @@ def test_unparseable_or_unsafe_yaml_is_a_typed_error(text, words, tmp_path):
 
 def test_merge_keys_may_override_but_explicit_keys_may_not_repeat():
     base = "a: &x {k: 1, j: 2}\nb:\n  <<: *x\n  k: 3\n"
-    from maxtext_compat._yaml_reader import safe_load_text
+    from maxtext_compat.matrix.yaml_node import safe_load_text
 
     assert safe_load_text(base, "m.yaml")["b"] == {"k": 3, "j": 2}
     with pytest.raises(MatrixError, match="duplicate key 'k'"):

@@ -69,10 +69,13 @@ def test_overlap_check_is_not_quadratic(monkeypatch):
         lo, hi = f"1000.{i}.0", f"1000.{i}.1"
         release = dict(next(iter(base["releases"].values())))  # the shipped file's keys, whatever they are
         rows.append(dict(base, versions=f">={lo},<{hi}", releases={lo: release}))
-    from maxtext_compat._yaml_reader import Node
-    from maxtext_compat.matrix.parse import _check_disjoint, _parse_tpi
+    from maxtext_compat.matrix import TpuInferenceRow
+    from maxtext_compat.matrix.ranges import check_disjoint
+    from maxtext_compat.matrix.schema import read_struct
+    from maxtext_compat.matrix.yaml_node import Node
 
-    parsed = tuple(_parse_tpi(Node(r, f"tpu_inference[{i}]", "m.yaml")) for i, r in enumerate(rows))
+    nodes = [Node(r, f"tpu_inference[{i}]", "m.yaml") for i, r in enumerate(rows)]
+    parsed = [read_struct(TpuInferenceRow, node).versions for node in nodes]
     from packaging.version import Version
 
     calls = {"n": 0}
@@ -88,7 +91,7 @@ def test_overlap_check_is_not_quadratic(monkeypatch):
 
     for name in ("__lt__", "__le__", "__eq__", "__gt__", "__ge__", "__ne__"):
         monkeypatch.setattr(Version, name, counting(name))
-    _check_disjoint(parsed, Node(rows, "tpu_inference", "m.yaml"))
+    check_disjoint(parsed, Node(rows, "tpu_inference", "m.yaml"))
     n = len(rows)
     assert n <= calls["n"] < 40 * n  # measured: 8 n (n log2 n is ~12 n)
 

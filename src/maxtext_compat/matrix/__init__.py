@@ -7,6 +7,7 @@ CLI and the test matrix read the same facts.
 """
 
 from maxtext_compat.matrix.environments import (
+    EnvironmentSpec,
     parse_environment,
     valid_env_name,
 )
@@ -19,6 +20,22 @@ from maxtext_compat.matrix.parse import (
     parse_matrix,
 )
 from maxtext_compat.matrix.types import (
+    CompatMatrix,
+    ConfigSpec,
+    CpuShimSpec,
+    DefectCondition,
+    Deprecation,
+    KnownDefect,
+    MaxTextRow,
+    MetadataSpec,
+    OptionalParams,
+    Requirements,
+    RpaSpec,
+    TpiRelease,
+    TpuInferenceRow,
+    VllmPath,
+)
+from maxtext_compat.matrix.values import (
     CALL_FORMS,
     CALLER_CONVENTIONS,
     CLASS_KEYS,
@@ -37,20 +54,7 @@ from maxtext_compat.matrix.types import (
     RETURN_SHAPES,
     SCHEMA_VERSION,
     ClassRef,
-    CompatMatrix,
-    ConfigSpec,
     Convention,
-    CpuShimSpec,
-    DefectCondition,
-    Deprecation,
-    EnvironmentSpec,
-    KnownDefect,
-    MaxTextRow,
-    MetadataSpec,
-    RpaSpec,
-    TpiRelease,
-    TpuInferenceRow,
-    VllmPath,
 )
 
 __all__ = [
@@ -83,6 +87,8 @@ __all__ = [
     "KnownDefect",
     "MaxTextRow",
     "MetadataSpec",
+    "OptionalParams",
+    "Requirements",
     "RpaSpec",
     "TpiRelease",
     "TpuInferenceRow",

@@ -2,71 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
-from maxtext_compat._yaml_reader import Node
 from maxtext_compat.errors import MatrixError
-from maxtext_compat.matrix.types import (
-    ENV_NAME_PATTERN,
-    ENV_NAME_RULE,
-    EnvironmentSpec,
-)
+from maxtext_compat.matrix.schema import Yaml, check_keys, normalized_version, parsed, read_struct, reader_for
+from maxtext_compat.matrix.values import ENV_NAME_PATTERN, ENV_NAME_RULE, FreeText
+from maxtext_compat.matrix.yaml_node import Node
 
 
-def parse_environment(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> EnvironmentSpec:
-    n.only_keys({
-        "description", "python", "maxtext", "like", "requirements", "extra_requirements", "no_deps", "overrides",
-        "exclude_newer", "env", "serving", "tests",
-    })  # fmt: skip
-    if not valid_env_name(name):
-        raise MatrixError(
-            "is not a valid environment name (it is the name of a directory that `envs build` replaces)",
-            path=n.path,
-            key=n.key,
-            expected=ENV_NAME_RULE,
-            found=repr(name),
-            fix="rename the environment, e.g. `maxtext-0.2.5`",
-        )
-    mt = n.optional("maxtext")
-    maxtext = None if mt is None else mt.parsed(lambda s: str(Version(s)), "a MaxText release")
-    base = _like(n, earlier, maxtext)
-
-    def strings(key: str) -> tuple[str, ...]:
-        if n.optional(key) is not None:
-            return n.child(key).string_list()
-        return tuple(_repin_maxtext(r, maxtext) for r in getattr(base, key)) if base else ()
-
-    reqs, no_deps = strings("requirements"), strings("no_deps")
-    if n.optional("extra_requirements") is not None:  # added to the pins (own or copied by `like:`)
-        reqs += n.child("extra_requirements").string_list()
-    for r in reqs + no_deps:
-        _check_requirement(r, n)
-    env_node = n.optional("env")
-    return EnvironmentSpec(
-        name=name,
-        description=n.child("description").nonempty_string(),
-        python=n.child("python").parsed(lambda s: str(Version(s)), "a Python version like 3.12")
-        if base is None or n.optional("python")
-        else base.python,
-        maxtext=maxtext,
-        requirements=reqs,
-        no_deps=no_deps,
-        overrides=strings("overrides"),
-        exclude_newer=n.child("exclude_newer").string()
-        if n.optional("exclude_newer")
-        else (base.exclude_newer if base else None),
-        env=env_node.string_map() if env_node is not None else (dict(base.env) if base else {}),
-        serving=n.child("serving").boolean() if n.optional("serving") else (base.serving if base else False),
-        tests=_test_files(n) if n.optional("tests") is not None else (base.tests if base else ()),
-    )
+def read_requirement(n: Node) -> str:
+    """One PEP 508 requirement (`jax==0.11.2`)."""
+    text = n.nonempty_string()
+    try:
+        Requirement(text)
+    except InvalidRequirement as exc:
+        raise n.error(f"requirement {text!r} is not valid: {exc}", fix="use PEP 508 syntax, e.g. jax==0.11.2") from None
+    return text
 
 
-def _test_files(n: Node) -> tuple[str, ...]:
+def read_test_files(node: Node) -> tuple[str, ...]:
     """`tests:`: test files of this repository, as paths relative to its root (tests/...py)."""
-    node = n.child("tests")
     files = node.string_list()
     for f in files:
         parts = f.split("/")
@@ -81,9 +42,86 @@ def _test_files(n: Node) -> tuple[str, ...]:
     return files
 
 
+Requirements = tuple[Annotated[str, Yaml(read=read_requirement)], ...]
+MaxTextRelease = Annotated[str, parsed(normalized_version, "a MaxText release")]
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """A real environment the project builds and runs the suite in."""
+
+    name: Annotated[str, Yaml(given=True)]  # its key under `environments:`
+    description: str
+    python: Annotated[str, parsed(normalized_version, "a Python version like 3.12")]
+    maxtext: MaxTextRelease | None
+    requirements: Requirements = ()
+    no_deps: Requirements = ()
+    overrides: tuple[str, ...] = ()
+    exclude_newer: FreeText | None = None
+    env: Mapping[str, FreeText] = field(default_factory=dict)
+    serving: bool = False
+    tests: Annotated[tuple[str, ...], Yaml(read=read_test_files)] = ()  # test files it runs (empty: the whole suite)
+    # Another environment whose pins this one takes, with its own MaxText release pinned instead.
+    like: Annotated[str | None, Yaml(later=True)] = None
+    # Added to the pins (its own or those `like:` copied).
+    extra_requirements: Annotated[Requirements, Yaml(later=True)] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that decide what is installed (the build's spec hash), `like:` and the extras folded in."""
+        # `tests` only when set: the spec hash of every environment that runs the whole suite stays as it was.
+        return ({"tests": list(self.tests)} if self.tests else {}) | {
+            "name": self.name,
+            "description": self.description,
+            "python": self.python,
+            "maxtext": self.maxtext,
+            "requirements": list(self.requirements),
+            "no_deps": list(self.no_deps),
+            "overrides": list(self.overrides),
+            "exclude_newer": self.exclude_newer,
+            "env": dict(self.env),
+            "serving": self.serving,
+        }
+
+
+def parse_environment(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> EnvironmentSpec:
+    """One entry of `environments:`; `earlier` are those above it (the ones `like:` may name)."""
+    if not valid_env_name(name):
+        raise MatrixError(
+            "is not a valid environment name (it is the name of a directory that `envs build` replaces)",
+            path=n.path,
+            key=n.key,
+            expected=ENV_NAME_RULE,
+            found=repr(name),
+            fix="rename the environment, e.g. `maxtext-0.2.5`",
+        )
+    check_keys(EnvironmentSpec, n)
+    mt = n.optional("maxtext")
+    maxtext = None if mt is None else reader_for(MaxTextRelease)(mt)
+    base = _like(n, earlier, maxtext)
+    inherited = {} if base is None else _inherited(base, maxtext)
+    extra_node = n.optional("extra_requirements")
+    extra: tuple[str, ...] = () if extra_node is None else reader_for(Requirements)(extra_node)
+    spec = read_struct(EnvironmentSpec, n, defaults=inherited, name=name, like=None if base is None else base.name)
+    return dataclasses.replace(spec, requirements=spec.requirements + extra, extra_requirements=extra)
+
+
 def valid_env_name(name: object) -> bool:
     """Whether `name` may name an environment (a single, plain directory name under the envs folder)."""
     return isinstance(name, str) and ENV_NAME_PATTERN.fullmatch(name) is not None
+
+
+def _inherited(base: EnvironmentSpec, maxtext: str | None) -> dict[str, Any]:
+    """What an entry with `like:` takes from `base` for the keys it does not set: the pins, re-pinned."""
+    return {
+        "python": base.python,
+        "requirements": tuple(_repin_maxtext(r, maxtext) for r in base.requirements),
+        "no_deps": tuple(_repin_maxtext(r, maxtext) for r in base.no_deps),
+        "overrides": tuple(_repin_maxtext(r, maxtext) for r in base.overrides),
+        "exclude_newer": base.exclude_newer,
+        "env": dict(base.env),
+        "serving": base.serving,
+        "tests": base.tests,
+    }
 
 
 def _like(n: Node, earlier: Mapping[str, EnvironmentSpec], maxtext: str | None) -> EnvironmentSpec | None:
@@ -119,19 +157,8 @@ def _like(n: Node, earlier: Mapping[str, EnvironmentSpec], maxtext: str | None) 
 
 
 def _pins_maxtext(requirement: str) -> bool:
-    from packaging.requirements import Requirement
-
     return canonicalize_name(Requirement(requirement).name) == "maxtext"
 
 
 def _repin_maxtext(requirement: str, release: str | None) -> str:
     return f"maxtext=={release}" if release and _pins_maxtext(requirement) else requirement
-
-
-def _check_requirement(text: str, n: Node) -> None:
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    try:
-        Requirement(text)
-    except InvalidRequirement as exc:
-        raise n.error(f"requirement {text!r} is not valid: {exc}", fix="use PEP 508 syntax, e.g. jax==0.11.2") from None

@@ -9,10 +9,8 @@ from pathlib import Path
 
 from maxtext_compat.errors import MatrixError
 from maxtext_compat.matrix.parse import parse_matrix
-from maxtext_compat.matrix.types import (
-    MATRIX_ENV_VAR,
-    CompatMatrix,
-)
+from maxtext_compat.matrix.types import CompatMatrix
+from maxtext_compat.matrix.values import MATRIX_ENV_VAR
 
 # --------------------------------------------------------------------------------------------
 # Loading

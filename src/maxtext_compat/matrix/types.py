@@ -1,100 +1,43 @@
-"""The matrix's typed rows and the closed sets of values its fields take."""
+"""The matrix's typed rows: each field's annotation is also how its YAML key is read (see schema.py)."""
 
 from __future__ import annotations
 
-import importlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Annotated, Literal
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from maxtext_compat.errors import MatrixError
+from maxtext_compat.matrix import ranges
+from maxtext_compat.matrix.environments import EnvironmentSpec
+from maxtext_compat.matrix.schema import Yaml, normalized_version, parsed, read_struct
+from maxtext_compat.matrix.values import (
+    DEV_BUILD_PACKAGES,
+    FAMILIES,
+    SCHEMA_VERSION,
+    CallerConvention,
+    CallForm,
+    ClassRef,
+    ClassRefText,
+    Convention,
+    DecoderKind,
+    DefectRemedy,
+    DevBuildRelation,
+    FreeText,
+    ImportRoot,
+    IsoDate,
+    ParamNames,
+    Policy,
+    VersionText,
+    arity,
+    read_block_sizes,
+    read_class_refs,
+    read_return_shapes,
+)
+from maxtext_compat.matrix.yaml_node import Node
 from maxtext_compat.versions import as_version, version_in
-
-SCHEMA_VERSION = 1
-MATRIX_ENV_VAR = "MAXTEXT_COMPAT_MATRIX"
-
-# Each closed set of values is declared once, as a Literal; the tuple the parser checks against is read from it.
-Convention = Literal["legacy", "kv_return", "kv_scan_carry"]
-CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
-# What the code *calling* MaxText expects: `auto` decides per call by what the caller wrote,
-# `legacy` always wants the old return, `kv_return` always the new one (see maxtext_compat.convention.declared).
-CallerConvention = Literal["auto", "legacy", "kv_return"]
-CALLER_CONVENTIONS: tuple[CallerConvention, ...] = get_args(CallerConvention)
-Policy = Literal["ignore", "warn", "error"]
-POLICIES: tuple[Policy, ...] = get_args(Policy)
-DecoderKind = Literal["linen", "nnx"]
-DECODER_KINDS: tuple[DecoderKind, ...] = get_args(DecoderKind)
-CallForm = Literal["curried", "flat"]
-CALL_FORMS: tuple[CallForm, ...] = get_args(CallForm)
-# How a package's `.devN` builds relate to the release they are named for. PEP 440 orders 0.29.0.dev1
-# before 0.29.0 (`before_release`); a nightly uploaded after its named release (tpu-inference's
-# 0.31.0.dev20261006 came 8 h after 0.31.0) has that release's API (`after_release`).
-DEV_BUILD_RELATIONS: tuple[str, ...] = ("after_release", "before_release")
-DEV_BUILD_PACKAGES: tuple[str, ...] = ("maxtext", "tpu_inference")
-
-# The return shapes each layer kind has had; the matrix may only use these spellings.
-RETURN_SHAPES: dict[str, tuple[str, ...]] = {
-    "attention": ("out", "(out, kv_cache)"),
-    "decoder_layer": ("y", "(y, kv_cache)"),
-    "decoder_layer_scanned": ("(y, None)", "((y, stacked_kv, idx), None)"),
-    "decoder": ("(logits, hidden)", "(logits, hidden, kv_caches)"),
-    "transformer": ("logits",),
-    "transformer_vllm": ("(hidden, kv_caches)",),
-}
-# Optional parameters whose presence moved between releases.
-OPTIONAL_PARAMS: tuple[str, ...] = (
-    "page_state",
-    "out_sharding",
-    "rope_kwargs",
-    "shared_key",
-    "shared_value",
-    "kv_cache",
-    "attention_metadata",
-)
-CLASS_KEYS: tuple[str, ...] = (
-    "attention",
-    "attention_op",
-    "mla",  # MaxText's multi-head latent attention: an Attention subclass with its own __call__
-    "decoder",
-    "nnx_decoder",
-    "transformer",
-    "transformer_linen",
-)
-OPTIONAL_CLASS_KEYS: frozenset[str] = frozenset({"mla"})  # a user's matrix may leave these out
-FAMILIES: tuple[str, ...] = ("default", "llama2", "qwen3", "gemma3")
-# An environment's name is a directory under the envs folder, built and deleted by `envs build`:
-# one path component, ASCII, starting with a letter or digit (so never `.`, `..`, hidden or empty).
-ENV_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-ENV_NAME_RULE = "1-64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
-
-
-@dataclass(frozen=True)
-class ClassRef:
-    """A `module:Qualname` reference to a class inside an installed package."""
-
-    module: str
-    qualname: str
-
-    @classmethod
-    def parse(cls, text: str) -> ClassRef:
-        module, sep, qualname = text.partition(":")
-        if not sep or not module or not qualname or " " in text:
-            raise ValueError(f"{text!r} is not of the form 'package.module:ClassName'")
-        return cls(module, qualname)
-
-    def load(self) -> Any:
-        """Import the module and return the class (imports MaxText: heavy, has side effects)."""
-        obj: Any = importlib.import_module(self.module)
-        for part in self.qualname.split("."):
-            obj = getattr(obj, part)
-        return obj
-
-    def __str__(self) -> str:
-        return f"{self.module}:{self.qualname}"
 
 
 @dataclass(frozen=True)
@@ -102,12 +45,16 @@ class Deprecation:
     """What an old-convention call gets on this row, and until when."""
 
     policy: Policy
-    since: str | None
-    ends_in: str | None
+    since: VersionText | None
+    ends_in: VersionText | None
     migration: str
 
-
-DEFECT_REMEDIES: tuple[str, ...] = ("fix", "refuse")  # a shim repairs it, or a typed error stops the run
+    def after_read(self, node: Node) -> None:
+        if self.policy != "ignore" and self.ends_in is None:
+            raise node.error(
+                f"policy {self.policy!r} needs `ends_in` (the release in which old calls stop working)",
+                fix="add ends_in, or use policy: ignore",
+            )
 
 
 @dataclass(frozen=True)
@@ -125,6 +72,19 @@ class DefectCondition:
         parts += [f"{key} in {list(values)}" for key, values in self.config.items()]
         return ", ".join(parts) or "always"
 
+    def after_read(self, node: Node) -> None:
+        for key, values in self.config.items():
+            if not values:
+                raise (
+                    node.child("config")
+                    .child(key)
+                    .error(
+                        "an empty list matches no config",
+                        expected="one value or pattern at least",
+                        fix=f"list the values of {key} the defect applies to, or remove the key",
+                    )
+                )
+
 
 @dataclass(frozen=True)
 class KnownDefect:
@@ -136,9 +96,23 @@ class KnownDefect:
     why: str
     how: str
     undo: str | None  # how the fix is taken back (None for a refusal: nothing is changed)
-    remedy: str = "fix"  # one of DEFECT_REMEDIES
+    remedy: DefectRemedy = "fix"
     when: DefectCondition = field(default_factory=DefectCondition)
     upstream_fix: str | None = None  # the MaxText release or PR that fixed it
+
+    def after_read(self, node: Node) -> None:
+        if self.remedy == "fix" and self.undo is None:
+            raise node.error(
+                "a defect fixed by a shim must say how the fix is undone",
+                expected="an 'undo' entry (remedy: fix)",
+                fix="add undo: <how shims.uninstall() restores the original>, or set remedy: refuse",
+            )
+        if self.remedy == "refuse" and self.undo is not None:
+            raise node.child("undo").error(
+                "a refused defect changes nothing, so there is nothing to undo",
+                expected="no 'undo' entry with remedy: refuse",
+                fix="remove 'undo', or set remedy: fix if a shim repairs it",
+            )
 
 
 @dataclass(frozen=True)
@@ -147,11 +121,11 @@ class VllmPath:
 
     attention_modes: tuple[str, ...]
     rpa_module: str
-    rpa_call_form: str
-    serve_return_order: str
+    rpa_call_form: CallForm
+    serve_return_order: Literal["(kv, out)", "(out, kv)"]
     update_kv_cache_kwarg: bool
-    adapter: ClassRef
-    adapter_return_arity: int
+    adapter: ClassRefText
+    adapter_return_arity: Annotated[int, arity("vLLM adapter")]
     # The decoder takes tpu-inference's per-layer attention_metadata dict (several KV-cache groups) itself.
     per_layer_metadata: bool = False
 
@@ -167,30 +141,42 @@ class ConfigSpec:
 
 
 @dataclass(frozen=True)
+class OptionalParams:
+    """Which of OPTIONAL_PARAMS each layer's __call__ takes in this release."""
+
+    attention: ParamNames
+    decoder_layer: ParamNames
+    decoder: ParamNames
+
+
+@dataclass(frozen=True)
+class Requirements:
+    tpu_inference: SpecifierSet | None  # the tpu-inference releases this MaxText release's vLLM path needs
+
+
+@dataclass(frozen=True)
 class MaxTextRow:
     """One MaxText release on PyPI and the conventions it uses."""
 
     release: Version
-    date: str
-    source_commit: str | None
-    import_root: str
+    import_root: ImportRoot
+    classes: Annotated[Mapping[str, ClassRef | None], Yaml(read=read_class_refs)]
+    decoder_layers: Annotated[Mapping[str, ClassRefText], Yaml(keys=FAMILIES)]
+    returns: Annotated[Mapping[str, str | None], Yaml(read=read_return_shapes)]
+    params: OptionalParams
     convention: Convention
-    classes: Mapping[str, ClassRef | None]
-    decoder_layers: Mapping[str, ClassRef]
-    default_decoder: DecoderKind
-    returns: Mapping[str, str | None]
-    attention_params: frozenset[str]
-    decoder_layer_params: frozenset[str]
-    decoder_params: frozenset[str]
-    scan_kv_carry: bool
-    scan_kv_carry_layers: tuple[str, ...]
     vllm: VllmPath | None
+    requires: Requirements
+    date: IsoDate
+    source_commit: str | None
+    default_decoder: DecoderKind
+    scan_kv_carry: bool
     config: ConfigSpec
-    tpu_inference: SpecifierSet | None
     jax_verified: tuple[str, ...]
     deprecation: Deprecation
-    known_defects: tuple[KnownDefect, ...]
-    notes: str = ""
+    scan_kv_carry_layers: tuple[str, ...] = ()
+    known_defects: tuple[KnownDefect, ...] = ()
+    notes: FreeText = ""
     callers: CallerConvention = "auto"  # the caller convention code on this row gets unless it declares one
 
     @property
@@ -199,7 +185,23 @@ class MaxTextRow:
 
     @property
     def has_kv_params(self) -> bool:
-        return "kv_cache" in self.attention_params
+        return "kv_cache" in self.params.attention
+
+    def after_read(self, node: Node) -> None:
+        for ref in [*self.classes.values(), *self.decoder_layers.values()]:
+            if ref is not None and ref.module.split(".")[0] != self.import_root:
+                raise node.child("classes").error(
+                    f"{ref} is outside the import root {self.import_root!r}", fix="fix import_root or the class path"
+                )
+        if (self.convention == "legacy") == self.has_kv_params:
+            raise node.child("convention").error(
+                "disagrees with params.attention (kv_cache present means a post-#2616 convention)",
+                expected="kv_return or kv_scan_carry (params.attention lists kv_cache)"
+                if self.has_kv_params
+                else "legacy (params.attention has no kv_cache)",
+                fix="set convention: legacy when Attention.__call__ has no kv_cache parameter, kv_return or "
+                "kv_scan_carry when it has; or correct params.attention to the release's signature",
+            )
 
 
 @dataclass(frozen=True)
@@ -209,42 +211,97 @@ class RpaSpec:
     module: str
     function: str
     call_form: CallForm
-    factory_params: tuple[str, ...]
     params: tuple[str, ...]
-    optional_kwargs: tuple[str, ...]
-    returns: str
+    returns: Literal["(output, kv_cache)"]
+    factory_params: tuple[str, ...] = ()
+    optional_kwargs: tuple[str, ...] = ()
+
+    def after_read(self, node: Node) -> None:
+        if (self.call_form == "curried") != bool(self.factory_params):
+            raise node.child("call_form").error(
+                "curried form needs factory_params; flat form must not have them",
+                expected="factory_params with call_form: curried, none with call_form: flat",
+                fix="list the factory's parameters under rpa.factory_params for call_form: curried, "
+                "or remove rpa.factory_params for call_form: flat",
+            )
 
 
 @dataclass(frozen=True)
 class MetadataSpec:
     module: str
-    cls: str
+    cls: Annotated[str, Yaml(key="class")]
     fields: tuple[str, ...]
-    meta_fields: tuple[str, ...]
+    meta_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class TpiRelease:
     """One tpu-inference release on PyPI: the jax it pins and the vllm-tpu that pins it."""
 
-    version: str
-    jax: str
-    vllm_tpu: str | None
-    date: str
+    version: Annotated[str, Yaml(given=True)]  # its key in `releases:`
+    jax: Annotated[str, parsed(normalized_version, "a jax version")]
+    date: IsoDate
+    vllm_tpu: Annotated[str, parsed(normalized_version, "a vllm-tpu version")] | None = None
+
+
+def read_releases(n: Node) -> dict[str, TpiRelease]:
+    """`releases:` keyed by version number, each listed once (0.32 and 0.32.0 are one release)."""
+    out: dict[str, TpiRelease] = {}
+    seen: dict[Version, str] = {}
+    for ver, rn in n.items():
+        try:
+            version = Version(ver)
+        except Exception:
+            raise rn.error(
+                "is not a PEP 440 release number",
+                expected='a key such as "0.32.0"',
+                fix='key each release by its quoted version number, e.g. `"0.32.0": {jax: "0.11.2"}`',
+            ) from None
+        if version in seen:
+            raise rn.error(
+                f"release {ver} is listed twice (as {seen[version]!r} and {ver!r}, equal as versions)",
+                fix="keep one entry per release",
+            )
+        seen[version] = ver
+        out[ver] = read_struct(TpiRelease, rn, version=ver)
+    if not out:
+        raise n.error(
+            "must list at least one release",
+            expected="a mapping of releases",
+            fix=f'add the releases of this range under `{n.key}`, e.g. `"0.32.0": {{jax: "0.11.2"}}`',
+        )
+    return out
+
+
+def read_version_range(n: Node) -> SpecifierSet:
+    versions = n.parsed(SpecifierSet, "a version specifier")
+    ranges.interval(versions, n)  # plain bounds, not empty
+    return versions
 
 
 @dataclass(frozen=True)
 class TpuInferenceRow:
     """A range of tpu-inference versions that share one API shape."""
 
-    versions: SpecifierSet
-    releases: Mapping[str, TpiRelease]
+    versions: Annotated[SpecifierSet, Yaml(read=read_version_range)]
     rpa: RpaSpec
     metadata: MetadataSpec
-    model_return_arity: int
-    block_sizes: tuple[str, ...]
-    notes: str = ""
+    model_return_arity: Annotated[int, arity("model function")]
+    block_sizes: Annotated[tuple[str, ...], Yaml(read=read_block_sizes)]
+    releases: Annotated[Mapping[str, TpiRelease], Yaml(read=read_releases)]
+    notes: FreeText = ""
     not_real: str = ""  # why no test environment installs a release of this range (one line), if none does
+
+    def after_read(self, node: Node) -> None:
+        for version in self.releases:
+            if not self.versions.contains(version, prereleases=True):
+                raise (
+                    node.child("releases")
+                    .child(version)
+                    .error(
+                        f"release {version} lies outside this entry's range {self.versions}", fix="move it to its range"
+                    )
+                )
 
     def contains(self, version: str | Version) -> bool:
         return self.versions.contains(str(version), prereleases=True)
@@ -267,55 +324,62 @@ class TpuInferenceRow:
 
 @dataclass(frozen=True)
 class CpuShimSpec:
-    verified_jax: tuple[str, ...]
-    verified_tpu_inference: tuple[str, ...]
+    verified_jax: tuple[VersionText, ...]
+    verified_tpu_inference: tuple[VersionText, ...]
 
     def jax_verified(self, version: str | Version) -> bool:
         """Whether the CPU shim was verified on this jax (compared as versions: 0.11.2 == 0.11.2.0)."""
         return version_in(version, self.verified_jax)
 
 
-@dataclass(frozen=True)
-class EnvironmentSpec:
-    """A real environment the project builds and runs the suite in."""
+def read_schema_version(n: Node) -> int:
+    version = n.integer()
+    if version != SCHEMA_VERSION:
+        raise n.error(
+            "unsupported schema version",
+            expected=SCHEMA_VERSION,
+            fix="use a matrix written for this maxtext-compat release, or upgrade maxtext-compat",
+        )
+    return version
 
-    name: str
-    description: str
-    python: str
-    maxtext: str | None
-    requirements: tuple[str, ...]
-    no_deps: tuple[str, ...]
-    overrides: tuple[str, ...]
-    exclude_newer: str | None
-    env: Mapping[str, str]
-    serving: bool
-    tests: tuple[str, ...] = ()  # test files this environment runs (empty: the whole suite)
 
-    def as_dict(self) -> dict[str, Any]:
-        # `tests` only when set: the spec hash of every environment that runs the whole suite stays as it was.
-        return ({"tests": list(self.tests)} if self.tests else {}) | {
-            "name": self.name,
-            "description": self.description,
-            "python": self.python,
-            "maxtext": self.maxtext,
-            "requirements": list(self.requirements),
-            "no_deps": list(self.no_deps),
-            "overrides": list(self.overrides),
-            "exclude_newer": self.exclude_newer,
-            "env": dict(self.env),
-            "serving": self.serving,
-        }
+def read_maxtext_rows(n: Node) -> tuple[MaxTextRow, ...]:
+    """At least one row, one per release (0.2.5 and 0.2.5.0 are one release)."""
+    rows = tuple(read_struct(MaxTextRow, e) for e in n.elements())
+    if not rows:
+        raise n.error(
+            "must list at least one MaxText release",
+            expected="a non-empty list",
+            fix="add a row per MaxText release under `maxtext:` (copy a row of the shipped compat_matrix.yaml)",
+        )
+    seen: dict[Version, Version] = {}
+    for r in rows:
+        if r.release in seen:
+            first = seen[r.release]
+            same = f"{first} and {r.release}" if str(first) != str(r.release) else f"{r.release}"
+            raise n.error(f"lists release {same} twice (equal as versions)", fix="keep one entry per release")
+        seen[r.release] = r.release
+    return rows
+
+
+def read_tpu_inference_rows(n: Node) -> tuple[TpuInferenceRow, ...]:
+    rows = tuple(read_struct(TpuInferenceRow, e) for e in n.elements())
+    ranges.check_disjoint([r.versions for r in rows], n)
+    return rows
 
 
 @dataclass(frozen=True)
 class CompatMatrix:
-    schema_version: int
-    source: str
-    maxtext: tuple[MaxTextRow, ...]
-    tpu_inference: tuple[TpuInferenceRow, ...]
+    """The whole file: MaxText rows, tpu-inference ranges, the CPU shim's verified versions, environments."""
+
+    schema_version: Annotated[int, Yaml(read=read_schema_version)]
+    source: Annotated[str, Yaml(given=True)]  # the file's path
+    maxtext: Annotated[tuple[MaxTextRow, ...], Yaml(read=read_maxtext_rows)]
+    tpu_inference: Annotated[tuple[TpuInferenceRow, ...], Yaml(read=read_tpu_inference_rows)]
     cpu_shim: CpuShimSpec
-    environments: Mapping[str, EnvironmentSpec] = field(default_factory=dict)
-    dev_builds: Mapping[str, str] = field(default_factory=dict)
+    # Read by parse_matrix once the rows are known (an environment names a row's release).
+    environments: Annotated[Mapping[str, EnvironmentSpec], Yaml(later=True)] = field(default_factory=dict)
+    dev_builds: Annotated[Mapping[str, DevBuildRelation], Yaml(keys=DEV_BUILD_PACKAGES)] = field(default_factory=dict)
 
     def comparable(self, package: str, version: str | Version) -> Version | None:
         """The version to match rows with: a dev build of an `after_release` package is its named release."""
