@@ -111,6 +111,25 @@ def test_sampler_imported_before_the_shim_is_rebuilt_without_tpu_options(tpi, sh
     assert sampling.sample is before
 
 
+def test_a_part_that_fails_to_install_takes_every_other_part_back(tpi, shim, mocker) -> None:
+    """All or nothing over the whole shim: the sampler re-jit, the wrapped functions (one transaction) and the
+    RPA kernel part (cpu_rpa's own profile) go together; a failure in the last leaves nothing behind."""
+    from maxtext_compat.errors import PatchError
+    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.shims.registry import active_patches
+
+    utils, co, _, _ = tpi
+    sampling = importlib.import_module("tpu_inference.layers.jax.sample.sampling")
+    before = (sampling.sample, utils.make_optimized_mesh, co.get_step_fn_compiler_options)
+    mocker.patch.object(cpu_rpa, "install", side_effect=PatchError("injected", argument="cpu-rpa"))
+    mocker.patch.object(shim, "resolve_kernel", return_value="pallas")  # the RPA part goes through cpu_rpa
+    with pytest.raises(PatchError, match="injected"):
+        shim.install(parts=(*PARTS, "rpa"))
+    after = (sampling.sample, utils.make_optimized_mesh, co.get_step_fn_compiler_options)
+    assert all(a is b for a, b in zip(after, before, strict=True))
+    assert not shim.installed() and not [p for p in active_patches() if p.profile == shim.PROFILE]
+
+
 def _put_then_refill(put, tpi):
     """What a runner does: put a view of its numpy input buffer on the device, refill the buffer for the next
     step, then run the step. Returns what the step reads."""

@@ -801,3 +801,74 @@ def test_import_shims_is_lazy():
         "try:\n    s.nope\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------------------------- callables and values
+
+
+def test_a_profile_of_callables_and_values_installs_and_goes_as_one(fake: Fake, monkeypatch):
+    """A builder may return Settings beside PatchSpecs: one PatchSet, one ledger, one removal."""
+    from maxtext_compat.shims.patching.settings import Setting, attribute_slot, env_slot
+
+    monkeypatch.delenv("MAXTEXT_COMPAT_TEST_PROFILE_VALUE", raising=False)
+    stock = fake.layers.Attention.s
+    values = [
+        Setting(attribute_slot(fake.layers, "LIMIT", f"{fake.pkg}.layers:LIMIT"), 64, "test.limit"),
+        Setting(env_slot("MAXTEXT_COMPAT_TEST_PROFILE_VALUE"), "on", "test.env"),
+    ]
+    shims.register_profile("mixed", lambda: [*all_specs(fake), *values])
+    patch_set = shims.install("mixed")
+    assert patch_set is not None
+    assert fake.layers.LIMIT == 64 and os.environ["MAXTEXT_COMPAT_TEST_PROFILE_VALUE"] == "on"
+    assert fake.layers.f(5) == ("f", 5, "A")
+    listed = {p.target for p in registry.active_patches() if p.profile == "mixed"}
+    assert (
+        listed == set(patch_set.targets) >= {f"{fake.pkg}.layers:LIMIT", "os.environ:MAXTEXT_COMPAT_TEST_PROFILE_VALUE"}
+    )
+    assert {p.target for p in patch_set.patches} == listed
+    shims.uninstall("mixed")
+    assert not hasattr(fake.layers, "LIMIT") and "MAXTEXT_COMPAT_TEST_PROFILE_VALUE" not in os.environ
+    assert fake.layers.Attention.s is stock
+    fake.assert_pristine()
+
+
+def test_a_value_that_cannot_be_set_leaves_every_callable_unwrapped(fake: Fake):
+    from maxtext_compat.shims.patching.settings import Setting, global_slot
+
+    def refuse(value):
+        raise OSError("read-only")
+
+    bad = Setting(global_slot(lambda: "stock", refuse, "read-only global"), "ours", "test.global")
+    shims.register_profile("mixed", lambda: [*all_specs(fake), bad])
+    with pytest.raises(OSError, match="read-only"):
+        shims.install("mixed")
+    assert not shims.installed("mixed") and registry.active_patches() == []
+    fake.assert_pristine()
+
+
+def test_a_wrapper_that_cannot_be_written_takes_the_values_back(fake: Fake, mocker, monkeypatch):
+    from maxtext_compat.shims.patching import transaction
+    from maxtext_compat.shims.patching.settings import Setting, env_slot
+
+    monkeypatch.setenv("MAXTEXT_COMPAT_TEST_PROFILE_VALUE", "theirs")
+    value = Setting(env_slot("MAXTEXT_COMPAT_TEST_PROFILE_VALUE"), "ours", "test.env")
+    shims.register_profile("mixed", lambda: [*all_specs(fake), value])
+    mocker.patch.object(transaction, "commit_writes", side_effect=PatchError("injected", argument="x"))
+    with pytest.raises(PatchError, match="injected"):
+        shims.install("mixed")
+    assert os.environ["MAXTEXT_COMPAT_TEST_PROFILE_VALUE"] == "theirs"
+    assert not shims.installed("mixed") and registry.active_patches() == []
+    fake.assert_pristine()
+
+
+def test_a_builders_own_typed_error_reaches_the_caller_unchanged():
+    def builder():
+        raise InvalidArgumentError("the sampler is not a jax.jit function", argument="sampling.sample")
+
+    shims.register_profile("typed", builder)
+    with pytest.raises(InvalidArgumentError, match=r"not a jax\.jit") as e:
+        shims.install("typed")
+    assert e.value.argument == "sampling.sample"
+    shims.register_profile("untyped", lambda: [object()])
+    with pytest.raises(ProfileError, match="PatchSpec or Setting"):
+        shims.install("untyped")

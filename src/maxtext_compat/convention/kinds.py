@@ -45,6 +45,18 @@ class Kind:
         """The whole model: its new return is (hidden, kv_caches), and only under a vLLM attention mode."""
         return False
 
+    @property
+    def runs_kernel(self) -> bool:
+        """Its op calls the attention kernel: on a written call the layer itself runs in train mode (MaxText's
+        own KV-cache variables untouched) and MLA, which has no paged path, is refused."""
+        return False
+
+    @property
+    def takes_scan_carry(self) -> bool:
+        """Under scan (MaxText 0.2.2+) its first input may be the carry `(y, stacked_kv, idx)`, which is neither
+        convention and passes through."""
+        return False
+
     def caches(self, kv: Any) -> list[Any]:
         """The caches a call hands over, as a list (one entry for a single-cache kind)."""
         return list(kv) if self.per_layer and kv is not None else [kv]
@@ -63,6 +75,10 @@ class Kind:
 
 
 class _Attention(Kind):
+    @property
+    def runs_kernel(self) -> bool:
+        return True
+
     def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
         return result[0]
 
@@ -74,6 +90,10 @@ class _Attention(Kind):
 
 
 class _DecoderLayer(Kind):
+    @property
+    def takes_scan_carry(self) -> bool:
+        return True
+
     def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
         return result if scanned(module) else result[0]  # scanned: the (y, None) carry
 

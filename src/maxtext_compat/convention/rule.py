@@ -105,7 +105,7 @@ def call_rule(
     if decl.value == callers.NATIVE and not t.written:
         return native_call(self, **t.kwargs)  # MaxText's own call: exactly what the release returns
     first = next(iter(t.kwargs.values()), None)
-    if k.name == "decoder_layer" and is_scan_carry(first):
+    if k.takes_scan_carry and is_scan_carry(first):
         return native_call(self, **t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
     if not t.is_new:
         if explicit_mode is not None and explicit_mode != getattr(self, "model_mode", explicit_mode):
@@ -135,7 +135,7 @@ def call_rule(
             found="None",
             fix=f"pass {missing}=...; build both with maxtext_compat.paged (layout + build_metadata)",
         )
-    if writes and k.name == "attention" and _is_mla(self, row):
+    if writes and k.runs_kernel and _is_mla(self, row):
         raise InvalidArgumentError(
             f"{where}: MaxText's multi-head latent attention has no ragged-paged-attention path (MaxText {row.name})",
             argument="kv_cache",

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.decode.timing import TraceCountingJit, timed_call
 from maxtext_compat.decode.types import Buckets, Generation, StepRecord, check_force, check_prompts, next_inputs
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError
@@ -128,7 +129,7 @@ class PagedEngine:
 
         if getattr(type(model), "_mc_native", None) is None:
             model = wrap(model)
-        if model._mc_kind != "transformer":
+        if not KINDS[model._mc_kind].is_model:
             raise InvalidArgumentTypeError(
                 "the engine drives a whole Transformer",
                 argument="model",

@@ -49,7 +49,7 @@ from maxtext_compat.shims.cpu_kernel import (
     xla_kernel_factory,
 )
 from maxtext_compat.shims.patching import Original, PatchSpec
-from maxtext_compat.shims.patching.settings import Setting, SettingSet, apply_settings, attribute_slot, remove_settings
+from maxtext_compat.shims.patching.settings import Setting, attribute_slot
 
 PROFILE = "cpu-serving"
 PARTS: tuple[str, ...] = ("mesh", "hbm", "compiler_options", "rpa", "host_copy")
@@ -84,7 +84,6 @@ class CpuServingStatus:
 
 _STATUS: CpuServingStatus | None = None
 _RPA_OURS = False  # whether this module installed cpu_rpa (and so removes it)
-_SAMPLING: list[SettingSet | None] = [None]  # the re-jitted sampler, while installed
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,8 +256,8 @@ def _not_needed() -> dict[str, str]:
     return {}
 
 
-def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]:
-    specs: list[PatchSpec] = []
+def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec | Setting]:
+    specs: list[PatchSpec | Setting] = []
     origin = "maxtext_compat.shims.cpu_serving"
     if "host_copy" in parts:
         specs.append(PatchSpec(DEVICE_PUT, _host_copy_factory, origin=f"{origin} (F5 private copies of host inputs)"))
@@ -277,6 +276,7 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec]
             specs.append(
                 PatchSpec(f"{COMPILER_OPTIONS}:{name}", _no_options_factory, origin=f"{origin} (F4 no TPU options)")
             )
+        specs.extend(_sampling_settings())
     return specs
 
 
@@ -375,9 +375,6 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
         try:
             if patch_set is not None:
                 patch_targets.extend(patch_set.targets)
-            if "compiler_options" in wanted:
-                sampling = _SAMPLING[0] = apply_settings(PROFILE, _sampling_settings())
-                patch_targets.extend(sampling.targets)
             if "rpa" in wanted:
                 from maxtext_compat.shims import cpu_rpa
 
@@ -386,8 +383,7 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
                 _RPA_OURS = rpa_status.active and not was_on
                 patch_targets.extend(rpa_status.patches)
         except BaseException:
-            _undo_sampling()
-            profiles.uninstall(PROFILE)
+            profiles.uninstall(PROFILE, force=True)  # all or nothing: the profile goes with the failed part
             raise
         _STATUS = CpuServingStatus(
             True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets), kernel, tuple(absent)
@@ -402,11 +398,6 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
         return _STATUS
 
 
-def _undo_sampling() -> list[str]:
-    applied, _SAMPLING[0] = _SAMPLING[0], None
-    return [] if applied is None else remove_settings(applied)
-
-
 def uninstall() -> list[str]:
     """Restore everything this module patched (and cpu_rpa, if this module installed it)."""
     global _STATUS, _RPA_OURS
@@ -417,7 +408,6 @@ def uninstall() -> list[str]:
 
             done.extend(cpu_rpa.uninstall())
             _RPA_OURS = False
-        done.extend(_undo_sampling())
         if profiles.installed(PROFILE):
             targets = [t for t in (_STATUS.patches if _STATUS else ()) if t not in done]
             profiles.uninstall(PROFILE)

@@ -3,7 +3,8 @@
 Why profiles: a shim is a set of patches that only works together (the vLLM backport
 needs Attention and every decoder layer), so a plugin, the CLI and tests install and
 remove a whole named set. A profile is registered with a builder that returns its
-`PatchSpec`s; the builder runs at the first install (its result is kept until the profile
+`PatchSpec`s (callables to wrap) and `Setting`s (values to set), installed as one transaction;
+the builder runs at the first install (its result is kept until the profile
 is registered again), so registering imports nothing heavy.
 
 Rules (per process; vLLM loads its plugins in every process, sometimes twice):
@@ -24,9 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from maxtext_compat.errors import InvalidArgumentError, ProfileError
+from maxtext_compat.errors import CompatError, InvalidArgumentError, ProfileError
 from maxtext_compat.shims import patching, traced
-from maxtext_compat.shims.patching import PatchSet, PatchSpec
+from maxtext_compat.shims.patching import PatchSet, PatchSpec, Setting
 
 if TYPE_CHECKING:
     from maxtext_compat.resolver import Resolution
@@ -49,7 +50,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ProfileBuilder = Callable[[], Iterable[PatchSpec]]
+ProfileBuilder = Callable[[], Iterable[PatchSpec | Setting]]
 ProfileChooser = Callable[["Resolution"], "str | None"]
 
 
@@ -79,7 +80,7 @@ class Profile:
 
 
 _PROFILES: dict[str, Profile] = {}
-_SPECS: dict[str, tuple[PatchSpec, ...]] = {}  # builder output, built at the first install
+_SPECS: dict[str, tuple[PatchSpec | Setting, ...]] = {}  # builder output, built at the first install
 _INSTALLED: dict[str, PatchSet] = {}  # insertion order = install order
 _EXPLICIT: set[str] = set()  # installed by install(): stays when the last `with patched()` block leaves
 _HOLDERS: dict[str, int] = {}  # profile -> `with patched()` blocks running with it, in every thread
@@ -284,13 +285,15 @@ def _install(name: str, stack: bool) -> PatchSet:
         prof = _get(name)
     if existing is not None:
         return existing
-    specs = _build(prof)
+    built = _build(prof)
+    specs = [s for s in built if isinstance(s, PatchSpec)]
     patching.import_modules(specs)  # outside the lock: imports may run code that installs shims
     with patching.LOCK:
         existing = _INSTALLED.get(name)
         if existing is not None:
             return existing
-        patch_set = patching.apply(name, specs, stack=stack)
+        settings = [s for s in built if isinstance(s, Setting)]
+        patch_set = patching.apply(name, specs, stack=stack, settings=settings)
         _INSTALLED[name] = patch_set
     traced.note_install(name, tuple(patch_set.targets))
     if log.isEnabledFor(logging.INFO):
@@ -417,29 +420,31 @@ def _get(name: str) -> Profile:
     return prof
 
 
-def _build(prof: Profile) -> tuple[PatchSpec, ...]:
+def _build(prof: Profile) -> tuple[PatchSpec | Setting, ...]:
     """The profile's specs, built once per registration (the profile is fixed for the process)."""
     cached = _SPECS.get(prof.name)
     if cached is not None and _PROFILES.get(prof.name) is prof:
         return cached
     try:
         specs = tuple(prof.builder())
+    except CompatError:
+        raise  # already typed, naming its argument and fix (e.g. a sampler the CPU shim cannot rebuild)
     except Exception as exc:
         raise ProfileError(
             f"building profile {prof.name!r} failed",
             argument=prof.name,
-            expected="the builder returns PatchSpecs",
+            expected="the builder returns PatchSpecs and Settings",
             found=f"{type(exc).__name__}: {exc}",
             fix=f"fix {_qualname(prof.builder)}",
         ) from exc
-    wrong = [s for s in specs if not isinstance(s, PatchSpec)]
+    wrong = [s for s in specs if not isinstance(s, PatchSpec | Setting)]
     if wrong:
         raise ProfileError(
-            f"profile {prof.name!r} built something other than PatchSpecs",
+            f"profile {prof.name!r} built something other than PatchSpecs and Settings",
             argument=prof.name,
-            expected="PatchSpec instances",
+            expected="PatchSpec or Setting instances",
             found=", ".join(type(s).__name__ for s in wrong),
-            fix=f"make {_qualname(prof.builder)} return PatchSpec(...) objects",
+            fix=f"make {_qualname(prof.builder)} return PatchSpec(...) and Setting(...) objects",
         )
     with patching.LOCK:
         if _PROFILES.get(prof.name) is prof:

@@ -44,7 +44,7 @@ def backport_call(
         )
     rpa_mesh = rpa_mesh_for(mesh) if writes else None
     kwargs = t.kwargs
-    if writes and k.name == "attention":
+    if writes and k.runs_kernel:
         # The attention op runs RPA; the layer itself runs in train mode so MaxText's own KV-cache
         # variables are neither read nor written (0.2.x skips them the same way in vLLM mode). Set
         # here, not only by the backport hook: the vllm-backport shim calls the original method.
@@ -83,7 +83,7 @@ def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[st
             fix="pass the caches once, to the outermost call (the Transformer's kv_caches=); inner calls take none",
         )
     rest = {k: v for k, v in kwargs.items() if k not in named}
-    if k.name == "attention":
+    if k.runs_kernel:
         rest["model_mode"] = hooks.TRAIN
     result = call(*args, **rest)
     return k.new_shape(result, None) if named else result

@@ -26,13 +26,15 @@ Rules:
 Modules (one job each): `spec` (what a shim declares), `targets` (resolve a target along
 the MRO), `conflicts` (refuse foreign patches), `aliases` (the alias sweep), `wrappers`
 (our wrapt objects and their cache), `writes` (the only slot mutations, with rollback),
-`transaction` (apply/remove), `state` (LOCK, installed layers and their descriptions).
+`settings` (values a profile sets: attributes, mapping entries, env vars, globals), `transaction`
+(apply/remove, callables and values together), `state` (LOCK, installed layers and their descriptions).
 """
 
+from maxtext_compat.shims.patching.settings import Setting
 from maxtext_compat.shims.patching.spec import Original, PatchSpec, add_keyword_params
-from maxtext_compat.shims.patching.state import LOCK, MARKER, InstalledLayer, PatchSet, installed_layers, layer_of
+from maxtext_compat.shims.patching.state import LOCK, MARKER, InstalledLayer, installed_layers, layer_of
 from maxtext_compat.shims.patching.targets import import_modules
-from maxtext_compat.shims.patching.transaction import apply, check_removable, drift, remove
+from maxtext_compat.shims.patching.transaction import PatchSet, apply, check_removable, drift, remove
 
 __all__ = [
     "LOCK",
@@ -41,6 +43,7 @@ __all__ = [
     "Original",
     "PatchSet",
     "PatchSpec",
+    "Setting",
     "add_keyword_params",
     "apply",
     "check_removable",

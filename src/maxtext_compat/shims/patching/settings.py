@@ -91,6 +91,14 @@ class SettingSet:
     def targets(self) -> tuple[str, ...]:
         return tuple(s.slot.target for s, _ in self.applied)
 
+    @property
+    def records(self) -> tuple[registry.ActivePatch, ...]:
+        return tuple(_record(s, self.profile) for s, _ in self.applied)
+
+
+def _record(setting: Setting, profile: str) -> registry.ActivePatch:
+    return registry.ActivePatch(setting.slot.target, setting.origin, profile)
+
 
 _ACTIVE: dict[str, tuple[str, Setting, Any]] = {}  # target -> (profile, setting, the value it replaced)
 
@@ -122,7 +130,7 @@ def apply_settings(profile: str, settings: Iterable[Setting]) -> SettingSet:
             raise
         for setting, before in done:
             _ACTIVE[setting.slot.target] = (profile, setting, before)
-        registry.record_many([registry.ActivePatch(s.slot.target, s.origin, profile) for s, _ in done])
+        registry.record_many([_record(s, profile) for s, _ in done])
         return SettingSet(profile, tuple(done))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import wrapt
@@ -77,23 +77,6 @@ class Layer:
             stacked_on=self.stacked_on,
             pid=PID[0],
         )
-
-
-@dataclass(frozen=True, eq=False)
-class PatchSet:
-    """The patches one profile installed in this process; pass it to `remove()`."""
-
-    profile: str
-    pid: int
-    _layers: tuple[Layer, ...] = field(repr=False)
-
-    @property
-    def patches(self) -> tuple[registry.ActivePatch, ...]:
-        return tuple(layer.record() for layer in self._layers)
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return tuple(layer.target for layer in self._layers)
 
 
 # --- descriptions for error messages ------------------------------------------------------

@@ -1,15 +1,20 @@
-"""Install and uninstall: resolve and check every target, then swap or restore all under `LOCK`."""
+"""Install and uninstall: resolve and check every target, then swap or restore all under `LOCK`.
+
+A profile's values (settings: env vars, attributes, config globals) join the same transaction as its
+wrapped callables: written first, taken back if a wrapper cannot be written, restored after them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import PatchConflictError
 from maxtext_compat.shims import registry
 from maxtext_compat.shims.patching.aliases import sweep_aliases
 from maxtext_compat.shims.patching.conflicts import check_conflicts, raise_same_slot
+from maxtext_compat.shims.patching.settings import Setting, SettingSet, apply_settings, remove_settings
 from maxtext_compat.shims.patching.spec import Original, PatchSpec
 from maxtext_compat.shims.patching.state import (
     ABSENT,
@@ -17,7 +22,6 @@ from maxtext_compat.shims.patching.state import (
     OURS,
     PID,
     Layer,
-    PatchSet,
     describe_object,
     is_proxy,
     label_of,
@@ -29,13 +33,37 @@ from maxtext_compat.shims.patching.writes import Markers, Write, commit_writes, 
 _MAX_CHAIN = 64
 
 
-def apply(profile: str, specs: Sequence[PatchSpec], *, stack: bool = False) -> PatchSet:
-    """Patch every target of `specs` for `profile`, or none of them.
+@dataclass(frozen=True, eq=False)
+class PatchSet:
+    """The patches one profile installed in this process (wrapped callables and set values); pass it to
+    `remove()`."""
+
+    profile: str
+    pid: int
+    layers: tuple[Layer, ...] = field(repr=False)
+    settings: SettingSet | None = field(default=None, repr=False)
+
+    @property
+    def patches(self) -> tuple[registry.ActivePatch, ...]:
+        values = () if self.settings is None else self.settings.records
+        return tuple(layer.record() for layer in self.layers) + values
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        values = () if self.settings is None else self.settings.targets
+        return tuple(layer.target for layer in self.layers) + values
+
+
+def apply(
+    profile: str, specs: Sequence[PatchSpec], *, stack: bool = False, settings: Iterable[Setting] = ()
+) -> PatchSet:
+    """Patch every target of `specs` and set every value of `settings` for `profile`, or none of them.
 
     Modules must already be imported (`import_modules`). `stack=True` wraps targets that
     someone else already wrapped (their object is restored on removal); without it that is
     a `PatchConflictError`. Targets patched by another of our profiles are always stacked.
     """
+    settings = list(settings)
     with LOCK:
         planned = [(spec, resolve_target(spec, profile)) for spec in specs]
         if not stack:
@@ -52,11 +80,17 @@ def apply(profile: str, specs: Sequence[PatchSpec], *, stack: bool = False) -> P
                 writes.append(Write(obj, name, layer.wrapper, read_slot(obj, name)))
             markers.add(layer.owner, layer.attribute, profile)
         writes.extend(markers.writes())
-        commit_writes(writes, f"installing profile {profile!r}")
+        values = apply_settings(profile, settings) if settings else None  # all or none, on its own
+        try:
+            commit_writes(writes, f"installing profile {profile!r}")
+        except BaseException:
+            if values is not None:
+                remove_settings(values)
+            raise
         for layer in layers:
             OURS[id(layer.wrapper)] = layer
         registry.record_many([layer.record() for layer in layers])
-        return PatchSet(profile, PID[0], tuple(layers))
+        return PatchSet(profile, PID[0], tuple(layers), values)
 
 
 def _build_layer(spec: PatchSpec, original: Original, profile: str) -> Layer:
@@ -92,7 +126,7 @@ class _Removal:
 
 
 def _plan_removal(patch_set: PatchSet, *, force: bool) -> _Removal:
-    layers = [layer for layer in patch_set._layers if OURS.get(id(layer.wrapper)) is layer]
+    layers = [layer for layer in patch_set.layers if OURS.get(id(layer.wrapper)) is layer]
     plan = _Removal(layers, [], [], [])
     markers = Markers()
     spliced: set[int] = set()
@@ -151,7 +185,7 @@ def _raise_problems(patch_set: PatchSet, problems: list[str]) -> None:
 
 
 def remove(patch_set: PatchSet, *, force: bool = False) -> None:
-    """Restore every location of `patch_set`, or none of them.
+    """Restore every location of `patch_set`, or none of them (then its settings, where they are still ours).
 
     A location that holds our wrapper gets the original back (or loses the slot we created);
     a location where a wrapt wrapper sits on top of ours is spliced (ours removed beneath
@@ -171,6 +205,8 @@ def remove(patch_set: PatchSet, *, force: bool = False) -> None:
         for layer in plan.layers:
             del OURS[id(layer.wrapper)]
         registry.forget_many([(layer.target, layer.profile) for layer in plan.layers])
+        if patch_set.settings is not None:  # a slot holding someone else's value now is left to them
+            remove_settings(patch_set.settings)
 
 
 def _proxy_above(current: Any, wrapper: Any) -> Any:
