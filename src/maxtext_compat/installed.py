@@ -19,7 +19,7 @@ from typing import Any
 from maxtext_compat.errors import InvalidArgumentError, ResolutionError, UnknownReleaseWarning, warn_at_call_site
 from maxtext_compat.matrix import MaxTextRow, load_matrix
 from maxtext_compat.probes import package_dir
-from maxtext_compat.resolver import Resolution, resolve
+from maxtext_compat.resolver import Resolution, resolve_versions
 from maxtext_compat.versions import installed_versions
 
 
@@ -62,7 +62,7 @@ def installed_resolution(*, probe: bool = False) -> InstalledResolution:
         return found
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        res = resolve(matrix=matrix, probe=probe)
+        res = resolve_versions(infos, matrix=matrix, probe=probe)
     found = InstalledResolution(res, tuple(seen))
     with _LOCK:
         if len(_CACHE) > 16:  # a test faking many installs: the newest matter

@@ -9,7 +9,6 @@ both versions and the nearest pairs that do work.
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from maxtext_compat.errors import (
     ProbeMismatchWarning,
     ResolutionError,
     UnknownReleaseWarning,
+    warn_at_call_site,
 )
 from maxtext_compat.matrix import CompatMatrix, MaxTextRow, TpiRelease, TpuInferenceRow, load_matrix
 from maxtext_compat.probes import ProbeReport, probe_static
@@ -107,12 +107,20 @@ def resolve(
     """
     m = matrix if matrix is not None else load_matrix()
     infos = installed_versions() if versions is None else hypothetical_versions(dict(versions))
+    return resolve_versions(infos, matrix=m, strict=strict, probe=probe if probe is not None else versions is None)
+
+
+def resolve_versions(
+    infos: Mapping[str, DistInfo], *, matrix: CompatMatrix, strict: bool = False, probe: bool = False
+) -> Resolution:
+    """`resolve()` for versions already read (installed_versions() or hypothetical_versions())."""
+    m = matrix
     notes: list[str] = []
     row, how = _match_maxtext(m, infos.get("maxtext"), notes)
     tpi, tpi_how = _match_tpu_inference(m, infos.get("tpu_inference"), notes)
     _check_pairs(m, infos, row, tpi)
     report = None
-    if row is not None and (probe if probe is not None else versions is None):
+    if row is not None and probe:
         report = probe_static(row)
         if not report.ok:
             text = "; ".join(f"{f.check}: matrix says {f.expected}, installed has {f.found}" for f in report.mismatches)
@@ -121,11 +129,8 @@ def resolve(
                     f"the installed MaxText disagrees with matrix row {row.name}: {text}",
                     fix="fix the row in compat_matrix.yaml (or point MAXTEXT_COMPAT_MATRIX at a corrected copy)",
                 )
-            warnings.warn(
-                f"matrix row {row.name} disagrees with the installed MaxText: {text}",
-                ProbeMismatchWarning,
-                stacklevel=2,
-            )
+            disagrees = f"matrix row {row.name} disagrees with the installed MaxText: {text}"
+            warn_at_call_site(disagrees, ProbeMismatchWarning)
             notes.append(f"probe mismatch: {text}")
     return Resolution(infos, row, how, tpi, tpi_how, tuple(notes), report, m)
 
@@ -172,7 +177,7 @@ def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> 
         f"maxtext {info.version} is not in {m.source}; using the nearest row {nearest.name}. "
         "Run `maxtext-compat doctor` to compare that row with the installed code."
     )
-    warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+    warn_at_call_site(msg, UnknownReleaseWarning)
     notes.append(msg)
     return nearest, "nearest"
 
@@ -193,7 +198,7 @@ def _match_tpu_inference(
             f"tpu-inference reports version {info.version!r} (a source install); "
             f"assuming the newest API row {row.versions}"
         )
-        warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+        warn_at_call_site(msg, UnknownReleaseWarning)
         notes.append(msg)
         return row, "nearest"
     found = m.tpu_inference_row(v)
@@ -203,7 +208,7 @@ def _match_tpu_inference(
                 f"tpu-inference {info.version} is in the range {found.label} of {m.source} but is no release it "
                 f"lists ({', '.join(found.releases)}): the jax and vllm-tpu it pins are not checked"
             )
-            warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+            warn_at_call_site(msg, UnknownReleaseWarning)
             notes.append(msg)
         return found, "exact"
     rows = sorted(m.tpu_inference, key=_row_floor)
@@ -211,7 +216,7 @@ def _match_tpu_inference(
     below = [r for r in rows if _row_floor(r) <= at]
     nearest = below[-1] if below else rows[0]
     msg = f"tpu-inference {info.version} is not covered by {m.source}; using the nearest row {nearest.versions}"
-    warnings.warn(msg, UnknownReleaseWarning, stacklevel=3)
+    warn_at_call_site(msg, UnknownReleaseWarning)
     notes.append(msg)
     return nearest, "nearest"
 

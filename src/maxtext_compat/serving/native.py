@@ -1,4 +1,4 @@
-"""Serving backend for MaxText releases with a native vLLM path (0.2.x; verified on 0.2.2-0.2.5).
+"""Serving backend for MaxText releases with a native vLLM path (0.2.x).
 
 Why native: from 0.2.0 MaxText's NNX `Transformer` takes `kv_caches=` / `attention_metadata=`
 with `attention="vllm_rpa"` and calls tpu-inference's ragged paged attention itself
@@ -7,9 +7,8 @@ does (configs/inference/vllm.yml + overrides, tokens and positions as (T, 1), mo
 "autoregressive", logits through the decoder's output head) without importing the adapter.
 Weights go through MaxText's `model_creation_utils.from_pretrained` (random init, or the orbax
 checkpoint with KV heads repeated to the padded count), the loader MaxText's adapter uses.
-
-Served for real on 0.2.2-0.2.5 (tpu-inference 0.32.0); 0.2.0/0.2.1 need tpu-inference < 0.20 and
-differ in ways noted inline (weight loading before 0.2.2).
+Releases whose loading differs (before 0.2.2) are handled inline; which releases were served for
+real, on which tpu-inference, is the compat report's to say (build/compat-report.md), not this file's.
 """
 
 from __future__ import annotations
