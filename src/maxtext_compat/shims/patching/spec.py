@@ -99,10 +99,6 @@ class Original(NamedTuple):
     defined_in: Any  # the module or class whose __dict__ holds raw (differs from owner when inherited)
 
 
-_SIG_CACHE: dict[tuple[int, tuple[str, ...], int], tuple[Any, inspect.Signature]] = {}
-_SIG_CACHE_MAX = 512
-
-
 def add_keyword_params(*names: str, default: Any = None) -> Callable[[Callable[..., Any]], inspect.Signature]:
     """A signature source that adds keyword-only parameters the original lacks.
 
@@ -121,10 +117,6 @@ def add_keyword_params(*names: str, default: Any = None) -> Callable[[Callable[.
             )
 
     def source(fn: Callable[..., Any]) -> inspect.Signature:
-        key = (id(fn), names, id(default))
-        hit = _SIG_CACHE.get(key)
-        if hit is not None and hit[0] is fn:
-            return hit[1]
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())
         var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
@@ -134,11 +126,7 @@ def add_keyword_params(*names: str, default: Any = None) -> Callable[[Callable[.
             for n in names
             if n not in sig.parameters
         ]
-        result = sig.replace(parameters=rest + added + var_kw)
-        if len(_SIG_CACHE) >= _SIG_CACHE_MAX:
-            _SIG_CACHE.clear()
-        _SIG_CACHE[key] = (fn, result)  # holds fn, so its id cannot be reused while cached
-        return result
+        return sig.replace(parameters=rest + added + var_kw)
 
     source.__qualname__ = f"add_keyword_params{names}"
     return source
