@@ -137,6 +137,8 @@ def test_a_missing_required_key_is_named_with_where_to_add_it():
 def test_an_annotation_the_reader_does_not_know_is_refused_when_the_reader_is_built():
     with pytest.raises(TypeError, match="no YAML reader"):
         reader_for(complex)
+    with pytest.raises(TypeError, match="only add None to one type"):
+        reader_for(str | int | None)
 
 
 def _structs(cls: type, seen: set[type]) -> None:

@@ -42,7 +42,7 @@ def read_test_files(node: Node) -> tuple[str, ...]:
     return files
 
 
-Requirements = tuple[Annotated[str, Yaml(read=read_requirement)], ...]
+Pins = tuple[Annotated[str, Yaml(read=read_requirement)], ...]
 MaxTextRelease = Annotated[str, parsed(normalized_version, "a MaxText release")]
 
 
@@ -54,8 +54,8 @@ class EnvironmentSpec:
     description: str
     python: Annotated[str, parsed(normalized_version, "a Python version like 3.12")]
     maxtext: MaxTextRelease | None
-    requirements: Requirements = ()
-    no_deps: Requirements = ()
+    requirements: Pins = ()
+    no_deps: Pins = ()
     overrides: tuple[str, ...] = ()
     exclude_newer: FreeText | None = None
     env: Mapping[str, FreeText] = field(default_factory=dict)
@@ -64,7 +64,7 @@ class EnvironmentSpec:
     # Another environment whose pins this one takes, with its own MaxText release pinned instead.
     like: Annotated[str | None, Yaml(later=True)] = None
     # Added to the pins (its own or those `like:` copied).
-    extra_requirements: Annotated[Requirements, Yaml(later=True)] = ()
+    extra_requirements: Annotated[Pins, Yaml(later=True)] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that decide what is installed (the build's spec hash), `like:` and the extras folded in."""
@@ -100,7 +100,7 @@ def parse_environment(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]
     base = _like(n, earlier, maxtext)
     inherited = {} if base is None else _inherited(base, maxtext)
     extra_node = n.optional("extra_requirements")
-    extra: tuple[str, ...] = () if extra_node is None else reader_for(Requirements)(extra_node)
+    extra: tuple[str, ...] = () if extra_node is None else reader_for(Pins)(extra_node)
     spec = read_struct(EnvironmentSpec, n, defaults=inherited, name=name, like=None if base is None else base.name)
     return dataclasses.replace(spec, requirements=spec.requirements + extra, extra_requirements=extra)
 

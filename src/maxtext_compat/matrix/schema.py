@@ -117,8 +117,10 @@ def reader_for(tp: Any) -> Callable[[Node], Any]:
             return _mapping_reader(yaml.keys, reader_for(get_args(inner)[1]))
         return reader_for(inner)
     if _allows_none(tp):
-        (inner,) = [a for a in get_args(tp) if a is not type(None)]
-        return reader_for(inner)
+        choices = [a for a in get_args(tp) if a is not type(None)]
+        if len(choices) != 1:
+            raise TypeError(f"no YAML reader for {tp!r}: a union may only add None to one type")
+        return reader_for(choices[0])
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
         return lambda node: node.choice(args)
