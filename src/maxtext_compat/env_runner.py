@@ -198,17 +198,47 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def compile_cache_env(name: str) -> dict[str, str]:
-    """JAX's persistent compilation cache for one environment (off when the variable is set to "")."""
+COMPILE_CACHE_MAX_BYTES = 1 << 30  # per environment; JAX drops the least recently used entries beyond it
+PARTNER_ANSWERS = "era-partner"  # the cross-era test's answers, beside the compilation caches
+PARTNER_ANSWER_MAX_AGE_S = 14 * 24 * 3600.0  # an answer unused this long was keyed by a source since changed
+
+
+def cache_base() -> Path | None:
+    """Where the suite's caches live outside the tree (None when the variable is set to "": no caches)."""
     root = os.environ.get(COMPILE_CACHE_VAR)
     if root == "":
+        return None
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-compat"
+
+
+def compile_cache_env(name: str) -> dict[str, str]:
+    """JAX's persistent compilation cache for one environment (off when the variable is set to "")."""
+    base = cache_base()
+    if base is None:
         return {}
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-compat"
     return {
         "JAX_COMPILATION_CACHE_DIR": str(base / "jax-compile" / name),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        "JAX_COMPILATION_CACHE_MAX_SIZE": str(COMPILE_CACHE_MAX_BYTES),
     }
+
+
+def prune_partner_answers(now: float | None = None) -> list[Path]:
+    """Delete the cross-era answers nobody used for PARTNER_ANSWER_MAX_AGE_S (a hit touches its file: their keys
+    include our source, so each change leaves the old answers unreachable). Returns those deleted."""
+    base = cache_base()
+    folder = None if base is None else base / PARTNER_ANSWERS
+    if folder is None or not folder.is_dir():
+        return []
+    cutoff = (time.time() if now is None else now) - PARTNER_ANSWER_MAX_AGE_S
+    gone = []
+    for f in folder.glob("*.npz"):
+        with contextlib.suppress(FileNotFoundError):  # another run pruning at the same time
+            if f.stat().st_mtime < cutoff:
+                f.unlink()
+                gone.append(f)
+    return gone
 
 
 def expected_durations(path: Path | None = None) -> dict[str, float]:
@@ -262,6 +292,8 @@ def run_matrix(
     out_dir = report_dir if report_dir is not None else envs.project_root() / "build"
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = list(names) if names else list(m.environments)
+    if pruned := prune_partner_answers():
+        log(f"[matrix] pruned {len(pruned)} cross-era answers unused for {PARTNER_ANSWER_MAX_AGE_S / 86400:.0f} days")
     if jobs == 1:
         results = []
         for i, name in enumerate(selected, 1):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from helpers.shipped import REPO, shipped_matrix
 from maxtext_compat import env_runner, envs
@@ -145,11 +146,9 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     real = shipped_matrix()
     ranges = env_runner.mocked_tpu_inference_rows(real)
-    # The envs pin tpu-inference 0.32.0, 0.27.0, 0.26.0, 0.22.1 and 0.19.0: every range but the five holding
-    # them is mocked only.
-    real_ranges = {">=0.31.0,<0.33.0", ">=0.27.0,<0.29.0", ">=0.26.0,<0.27.0", ">=0.22.0,<0.25.0", ">=0.18.0,<0.20.0"}
-    assert real_ranges <= {r.label for r in real.tpu_inference} and not real_ranges & set(ranges)
-    assert len(ranges) == len(real.tpu_inference) - len(real_ranges)
+    # Every range the CPU shim can drive has an environment; the two the old v3 kernel API keeps off CPU do not.
+    assert ranges == [">=0.11.1,<0.12.0", ">=0.12.0,<0.18.0"]
+    assert all("old v3 kernel API" in r.not_real for r in real.tpu_inference if r.label in ranges)
     assert ">=0.11.1,<0.12.0" in ranges
     assert not any("0.33.0" in r for r in ranges)
     env_runner.write_reports([], real, tmp_path)
@@ -157,6 +156,20 @@ def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     assert [r["tpu_inference"] for r in data["mocked_tpu_inference_rows"]] == ranges
     assert "- tpu-inference >=0.11.1,<0.12.0: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
     assert all(r["why"] and "no reason given" not in r["why"] for r in data["mocked_tpu_inference_rows"])
+
+
+def test_the_cpu_shims_verified_tpu_inference_releases_are_those_the_kernel_tests_run_on():
+    """verified_tpu_inference is a fact about the suite: the releases installed where the real kernel runs."""
+    from helpers.kernel_envs import REAL_KERNEL_ENVS
+
+    real = shipped_matrix()
+    pinned = {
+        r.split("==", 1)[1]
+        for name in REAL_KERNEL_ENVS
+        for r in real.environment(name).requirements
+        if r.startswith("tpu-inference==")
+    }
+    assert sorted(pinned, key=Version) == list(real.cpu_shim.verified_tpu_inference)
 
 
 def test_every_range_no_environment_installs_says_why_and_no_real_range_does():
@@ -230,6 +243,25 @@ def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch,
     monkeypatch.delenv(env_runner.COMPILE_CACHE_VAR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert env_runner.compile_cache_env("x")["JAX_COMPILATION_CACHE_DIR"].startswith(str(tmp_path / "xdg"))
+    assert env_runner.compile_cache_env("x")["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(1 << 30)  # JAX keeps it LRU
+
+
+def test_cross_era_answers_unused_for_two_weeks_are_pruned_and_nothing_else(monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    assert env_runner.prune_partner_answers() == []  # no folder yet
+    folder = tmp_path / "cc" / env_runner.PARTNER_ANSWERS
+    folder.mkdir(parents=True)
+    now = 1_800_000_000.0
+    ages = {"fresh.npz": 0.0, "a-week.npz": 7 * 86400.0, "stale.npz": 15 * 86400.0, "stale.other": 30 * 86400.0}
+    for name, age in ages.items():
+        (folder / name).write_bytes(b"x")
+        os.utime(folder / name, (now - age, now - age))
+    assert [p.name for p in env_runner.prune_partner_answers(now=now)] == ["stale.npz"]
+    assert sorted(p.name for p in folder.iterdir()) == ["a-week.npz", "fresh.npz", "stale.other"]  # not ours
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, "")
+    assert env_runner.prune_partner_answers(now=now + 10**9) == []  # caches off: nothing touched
 
 
 @pytest.mark.parametrize("jobs", [0, -1, 2.5, True, "2"])
