@@ -224,11 +224,16 @@ def compile_cache_env(name: str) -> dict[str, str]:
     }
 
 
+def partner_answers_dir() -> Path | None:
+    """Where the cross-era test keeps its partner's answers between environments (None: caches are off)."""
+    base = cache_base()
+    return None if base is None else base / PARTNER_ANSWERS
+
+
 def prune_partner_answers(now: float | None = None) -> list[Path]:
     """Delete the cross-era answers nobody used for PARTNER_ANSWER_MAX_AGE_S (a hit touches its file: their keys
     include our source, so each change leaves the old answers unreachable). Returns those deleted."""
-    base = cache_base()
-    folder = None if base is None else base / PARTNER_ANSWERS
+    folder = partner_answers_dir()
     if folder is None or not folder.is_dir():
         return []
     cutoff = (time.time() if now is None else now) - PARTNER_ANSWER_MAX_AGE_S

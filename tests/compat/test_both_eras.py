@@ -239,18 +239,16 @@ def _partner_answer_path(env, variant, weights):
     and the weights' bytes — beside the JAX compilation cache, and only when the matrix runner set one up."""
     import hashlib
     import os
-    from pathlib import Path
 
-    root = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    from maxtext_compat.env_runner import partner_answers_dir
+
+    folder = partner_answers_dir()  # where the runner prunes them (the child inherits its cache settings)
     fixed = _partner_fixed_digest(env)
-    if not root or fixed is None:
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR") or folder is None or fixed is None:
         return None
     h = hashlib.sha256(fixed)
     for part in (variant.encode(), weights.read_bytes()):
         h.update(hashlib.sha256(part).digest())
-    from maxtext_compat.env_runner import PARTNER_ANSWERS
-
-    folder = Path(root).parent.parent / PARTNER_ANSWERS
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{h.hexdigest()}.npz"
 

@@ -99,7 +99,7 @@ def _fields(cls: type) -> tuple[_Field, ...]:
     out = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        yaml = next((m for m in _metadata(tp) if isinstance(m, Yaml)), Yaml())
+        yaml = _yaml_of(tp)
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         optional = has_default or _allows_none(tp)
         out.append(_Field(f.name, yaml.key or f.name, optional, has_default, yaml, reader_for(tp)))
@@ -109,7 +109,7 @@ def _fields(cls: type) -> tuple[_Field, ...]:
 def reader_for(tp: Any) -> Callable[[Node], Any]:
     """The reader of a value of type `tp` (the node is present and not null)."""
     if get_origin(tp) is Annotated:
-        yaml = next((m for m in _metadata(tp) if isinstance(m, Yaml)), Yaml())
+        yaml = _yaml_of(tp)
         if yaml.read is not None:
             return yaml.read
         inner = get_args(tp)[0]
@@ -152,8 +152,10 @@ def _mapping_reader(keys: tuple[str, ...] | None, value: Callable[[Node], Any]) 
     return read
 
 
-def _metadata(tp: Any) -> tuple[Any, ...]:
-    return tp.__metadata__ if get_origin(tp) is Annotated else ()
+def _yaml_of(tp: Any) -> Yaml:
+    """The Yaml marker of an `Annotated[...]` type (an empty one when it has none)."""
+    metadata = tp.__metadata__ if get_origin(tp) is Annotated else ()
+    return next((m for m in metadata if isinstance(m, Yaml)), Yaml())
 
 
 def _allows_none(tp: Any) -> bool:
