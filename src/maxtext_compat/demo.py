@@ -171,6 +171,7 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     import time
 
     from maxtext_compat.decode import PagedEngine
+    from maxtext_compat.env_runner import hf_reference_dir
     from maxtext_compat.shims import cpu_serving
     from maxtext_compat.testing import real_model as rm
     from maxtext_compat.testing import tiny
@@ -203,7 +204,7 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     finally:
         cpu_serving.uninstall()
     with progress.stage("reference: transformers reading the same GGUF file"):
-        reference = rm.hf_greedy(rm.hf_from_gguf(path)[1], [ids], steps)[0]
+        reference = rm.hf_greedy(rm.hf_reference(path, hf_reference_dir()).model, [ids], steps)[0]
     return {
         "prompt": REAL_PROMPT,
         "completion": tokenizer.decode(ours),

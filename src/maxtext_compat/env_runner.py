@@ -30,7 +30,7 @@ from packaging.utils import canonicalize_name
 from maxtext_compat import envs
 from maxtext_compat.envmemory import MEMORY_FILE, Admission, PeakSampler, memory_budget_gb, record_peaks, recorded_peaks
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
-from maxtext_compat.matrix import CompatMatrix, load_matrix
+from maxtext_compat.matrix import CompatMatrix, EnvironmentSpec, load_matrix
 
 ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
 # Seconds each environment's suite took on the reference 2-core machine: the longest start first, so
@@ -200,7 +200,12 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 COMPILE_CACHE_MAX_BYTES = 1 << 30  # per environment; JAX drops the least recently used entries beyond it
 PARTNER_ANSWERS = "era-partner"  # the cross-era test's answers, beside the compilation caches
-PARTNER_ANSWER_MAX_AGE_S = 14 * 24 * 3600.0  # an answer unused this long was keyed by a source since changed
+HF_REFERENCE = "hf-reference"  # transformers' reading of the real model's file (testing.real_model.hf_reference)
+# Each folder's entries and the age at which an unused one goes: a hit touches its file, and their keys include
+# what they were computed from (our source, the readers' versions), so a change leaves the old ones unreachable.
+UNUSED_CACHE_MAX_AGE_S = 14 * 24 * 3600.0
+# A writer killed mid-write (a timed-out environment's process group) leaves its `.partial` file behind.
+PRUNED_CACHES = {PARTNER_ANSWERS: ("*.npz", "*.partial"), HF_REFERENCE: ("*.safetensors", "*.partial")}
 
 
 def cache_base() -> Path | None:
@@ -230,19 +235,26 @@ def partner_answers_dir() -> Path | None:
     return None if base is None else base / PARTNER_ANSWERS
 
 
-def prune_partner_answers(now: float | None = None) -> list[Path]:
-    """Delete the cross-era answers nobody used for PARTNER_ANSWER_MAX_AGE_S (a hit touches its file: their keys
-    include our source, so each change leaves the old answers unreachable). Returns those deleted."""
-    folder = partner_answers_dir()
-    if folder is None or not folder.is_dir():
+def hf_reference_dir() -> Path | None:
+    """Where transformers' reading of the real model is kept between environments (None: caches are off)."""
+    base = cache_base()
+    return None if base is None else base / HF_REFERENCE
+
+
+def prune_unused_caches(now: float | None = None) -> list[Path]:
+    """Delete the cache entries (cross-era answers, transformers' readings) nobody used for
+    UNUSED_CACHE_MAX_AGE_S; other files in those folders are left alone. Returns those deleted."""
+    base = cache_base()
+    if base is None:
         return []
-    cutoff = (time.time() if now is None else now) - PARTNER_ANSWER_MAX_AGE_S
+    cutoff = (time.time() if now is None else now) - UNUSED_CACHE_MAX_AGE_S
     gone = []
-    for f in folder.glob("*.npz"):
-        with contextlib.suppress(FileNotFoundError):  # another run pruning at the same time
-            if f.stat().st_mtime < cutoff:
-                f.unlink()
-                gone.append(f)
+    for folder, patterns in PRUNED_CACHES.items():
+        for f in sorted(f for pattern in patterns for f in (base / folder).glob(pattern)):
+            with contextlib.suppress(FileNotFoundError):  # another run pruning at the same time
+                if f.stat().st_mtime < cutoff:
+                    f.unlink()
+                    gone.append(f)
     return gone
 
 
@@ -260,7 +272,7 @@ def record_durations(results: Sequence[EnvResult], path: Path | None = None) -> 
     """Write the seconds of this run's environments into the durations file, and their peak memory into
     tests/env_memory.json beside it (others are kept)."""
     p = path if path is not None else envs.project_root() / DURATIONS_FILE
-    data = expected_durations(p)
+    data = {name: round(seconds) for name, seconds in expected_durations(p).items()}  # whole seconds, as written
     ok = [r for r in results if r.status == "ok"]
     data.update({r.name: round(r.duration_s) for r in ok})
     p.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
@@ -297,8 +309,8 @@ def run_matrix(
     out_dir = report_dir if report_dir is not None else envs.project_root() / "build"
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = list(names) if names else list(m.environments)
-    if pruned := prune_partner_answers():
-        log(f"[matrix] pruned {len(pruned)} cross-era answers unused for {PARTNER_ANSWER_MAX_AGE_S / 86400:.0f} days")
+    if pruned := prune_unused_caches():
+        log(f"[matrix] pruned {len(pruned)} cache entries unused for {UNUSED_CACHE_MAX_AGE_S / 86400:.0f} days")
     if jobs == 1:
         results = []
         for i, name in enumerate(selected, 1):
@@ -370,18 +382,24 @@ def mocked_rows(m: CompatMatrix) -> list[str]:
     return [r.name for r in m.maxtext if r.name not in real]
 
 
-def _pinned(m: CompatMatrix, package: str) -> set[str]:
-    """Exact versions of `package` some environment pins (`name==X` in its requirements)."""
-    pins = set()
-    for env in m.environments.values():
-        for line in (*env.requirements, *env.no_deps):
+def pinned_version(env: EnvironmentSpec, package: str) -> str | None:
+    """The exact version of `package` an environment installs (`name==X`; an override wins over its pins)."""
+    for lines in (env.overrides, (*env.requirements, *env.no_deps)):
+        for line in lines:
             try:
                 req = Requirement(line)
             except InvalidRequirement:  # a path or URL requirement: not a version pin
                 continue
             if canonicalize_name(req.name) == package:
-                pins |= {s.version for s in req.specifier if s.operator in ("==", "===")}
-    return pins
+                exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+                if exact:
+                    return exact[0]
+    return None
+
+
+def _pinned(m: CompatMatrix, package: str) -> set[str]:
+    """Exact versions of `package` some environment installs."""
+    return {v for env in m.environments.values() if (v := pinned_version(env, package)) is not None}
 
 
 def mocked_tpu_inference_rows(m: CompatMatrix) -> list[str]:

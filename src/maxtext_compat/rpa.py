@@ -301,9 +301,9 @@ def _check_kernel_features(kernel: str, attention_sink: Any, update_kv_cache: bo
         raise KernelUnavailableError(
             f"{label}: attention sinks are only implemented by the head_dim-64 kernel",
             argument="attention_sink",
-            expected="None for head_dim != 64",
+            expected="None on the v3 kernel (head_dim != 64, or any head_dim on tpu-inference 0.11: no hd64 kernel)",
             found="an array",
-            fix="drop attention_sink or use head_dim 64",
+            fix="drop attention_sink, or use head_dim 64 on tpu-inference >= 0.12",
         )
     if kernel == "hd64" and not update_kv_cache:
         raise KernelUnavailableError(

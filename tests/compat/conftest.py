@@ -24,12 +24,12 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def reference():
-    """transformers' own reading of the file (tokenizer and weights): (model, greedy ids per prompt, prompt ids)."""
+    """transformers' own reading of the file (tokenizer and weights): (model, greedy ids per prompt, prompt ids);
+    kept between environments beside the compilation caches (the reading costs 20-50 s)."""
+    from maxtext_compat.env_runner import hf_reference_dir
     from maxtext_compat.testing import real_model as rm
 
-    tokenizer, model = rm.hf_from_gguf(rm.smollm2_gguf())
-    prompts = [tokenizer(p).input_ids for p in rm.PROMPTS]
-    return model, rm.hf_greedy(model, prompts), prompts
+    return rm.hf_reference(rm.smollm2_gguf(), hf_reference_dir())
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     for run in request["runs"]:
         _, result = eras._run(run["variant"], request["era"], weights_in=run["weights"])
         out = Path(run["out"])
-        tmp = out.with_name(out.name + ".partial")
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")  # two environments may write the same answer
         with open(tmp, "wb") as f:
             arrays = dict(zip(("full", "prefill", "decoded"), result, strict=True))
             np.savez(f, **{k: np.asarray(a, np.float32) for k, a in arrays.items()})

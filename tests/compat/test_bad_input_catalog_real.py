@@ -208,7 +208,7 @@ CASES: list[Any] = [
          ("[attention_sink]", "(4,)"), "one float per query head, shape (4,)"),
     Case("rpa-sink-on-v3", "kernel options", "attention_sink with head_dim 128 (v3 kernel)",
          lambda: rpa_call(attention_sink=jnp().zeros(4, jnp().float32)), KernelUnavailableError,
-         ("[attention_sink]", "head_dim-64"), "drop attention_sink or use head_dim 64"),
+         ("[attention_sink]", "head_dim-64"), "drop attention_sink, or use head_dim 64"),
     Case("rpa-no-cache-write-on-hd64", "kernel options", "update_kv_cache=False with head_dim 64",
          lambda: rpa_call(head_dim=64, update_kv_cache=False), KernelUnavailableError,
          ("[update_kv_cache]", "head_dim-64"), "pass update_kv_cache=True with head_dim 64"),

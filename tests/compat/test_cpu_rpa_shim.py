@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers.kernel_envs import REAL_KERNEL_ENVS
+from helpers.kernel_envs import (
+    REAL_KERNEL_ENVS,
+    V3_KERNEL,
+    installed_attention_interface,
+    installed_hd64_kernel,
+    installed_v3_block_size_function,
+    jax_below,
+)
 
 pytestmark = pytest.mark.envs(*REAL_KERNEL_ENVS)
 
@@ -18,7 +25,7 @@ jnp = pytest.importorskip("jax.numpy")
 from maxtext_compat import paged, rpa  # noqa: E402
 from maxtext_compat.errors import KernelUnavailableError, ShimRefusedError  # noqa: E402
 from maxtext_compat.matrix import default_matrix_path  # noqa: E402
-from maxtext_compat.shims import cpu_rpa  # noqa: E402
+from maxtext_compat.shims import cpu_rpa, pallas_interpreter  # noqa: E402
 from maxtext_compat.shims import pallas_interpret_views as views  # noqa: E402
 from maxtext_compat.shims.registry import active_patches  # noqa: E402
 
@@ -31,20 +38,33 @@ def leave_installed():
     assert cpu_rpa.installed()
 
 
-def _targets():
-    from jax._src import config
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-    from tpu_inference.kernels.ragged_paged_attention.v3 import kernel, kernel_hd64
+# The v3 kernel's block-size function -> the shim's method name and its stand-in.
+STAND_INS = {
+    "get_default_block_sizes": ("function", "cpu_block_sizes"),
+    "get_tuned_block_sizes": ("tuned", "cpu_tuned_block_sizes"),
+}
 
-    return {
+
+def _targets():
+    import importlib
+
+    from jax._src import config
+
+    ipc = pallas_interpreter.callbacks_module()
+    kernel = importlib.import_module(V3_KERNEL)
+    tpu_info = cpu_rpa.tpu_info_module()
+    targets = {
         "get": ipc.get,
         "store": ipc.store,
         "swap": ipc.swap,
-        "tpu_info": cpu_rpa.tpu_info_module().registry.get("cpu"),
-        "block_sizes": kernel.get_default_block_sizes,
-        "hd64_block_sizes": kernel_hd64.get_tuned_block_sizes,
+        "block_sizes": getattr(kernel, installed_v3_block_size_function()),
         "interpret": config.pallas_tpu_interpret_mode_context_manager.get_global(),
     }
+    if tpu_info is not None:
+        targets["tpu_info"] = tpu_info.registry.get("cpu")
+    if installed_hd64_kernel():
+        targets["hd64_block_sizes"] = importlib.import_module(cpu_rpa.HD64_MODULE).get_tuned_block_sizes
+    return targets
 
 
 def _ours():
@@ -54,12 +74,13 @@ def _ours():
 def test_install_is_idempotent_and_recorded():
     first = cpu_rpa.install()
     assert cpu_rpa.install() is first and cpu_rpa.installed()
-    assert first.active and first.jax_verified and first.block_sizes == "function"
+    function = installed_v3_block_size_function()
+    assert first.active and first.jax_verified and first.block_sizes == STAND_INS[function][0]
     assert first.tpu_inference_version is not None
     recorded = {p.target for p in _ours()}
     assert set(first.patches) == recorded
-    assert {f"{views.TARGET_MODULE}:get", cpu_rpa.tpu_info_target(), cpu_rpa.INTERPRET_TARGET} <= recorded
-    assert f"{cpu_rpa.KERNEL_MODULE}:get_default_block_sizes" in recorded
+    assert {views.target("get"), cpu_rpa.INTERPRET_TARGET, f"{V3_KERNEL}:{function}"} <= recorded
+    assert (cpu_rpa.tpu_info_target() in recorded) is (cpu_rpa.tpu_info_module() is not None)
     assert all(p.origin.startswith("maxtext_compat.shims.") for p in _ours())
     assert views.applied()
 
@@ -68,15 +89,35 @@ def test_uninstall_restores_every_object_by_identity():
     cpu_rpa.uninstall()
     assert not cpu_rpa.installed() and not _ours() and not views.applied()
     stock = _targets()
-    assert stock["tpu_info"] is None and stock["interpret"] is None
+    assert stock.get("tpu_info") is None and stock["interpret"] is None
     st = cpu_rpa.install()
     patched = _targets()
     assert all(patched[name] is not stock[name] for name in stock)
-    assert patched["block_sizes"] is cpu_rpa.cpu_block_sizes
+    assert patched["block_sizes"] is getattr(cpu_rpa, STAND_INS[installed_v3_block_size_function()][1])
     assert sorted(cpu_rpa.uninstall()) == sorted(st.patches)
     after = _targets()
     assert all(after[name] is stock[name] for name in stock), {n for n in stock if after[n] is not stock[n]}
     assert not _ours()
+
+
+def test_hbm_operands_are_passed_by_reference_only_where_the_interpreter_copies_them():
+    """jax < 0.9 gives a kernel's HBM operands fresh NaN buffers (the RPA cache came back NaN but for the new
+    tokens): there the shim makes HBM count as ANY, and takes it back; jax >= 0.9 needs nothing."""
+    from jax._src.pallas.mosaic import core as mosaic_core
+
+    cpu_rpa.uninstall()
+    ipc = pallas_interpreter.pallas_call_module()
+    stock_is_any = getattr(ipc, "_is_any", None)
+    copies_hbm = stock_is_any is not None and not stock_is_any(mosaic_core.MemorySpace.HBM)
+    assert copies_hbm is jax_below("0.9")
+    st = cpu_rpa.install()
+    hbm_targets = {t for t in st.patches if t.endswith((":_is_any", ":TPU_MEMORY_SPACE_IDXS[HBM]"))}
+    assert len(hbm_targets) == (2 if copies_hbm else 0)
+    if copies_hbm:
+        assert ipc._is_any(mosaic_core.MemorySpace.HBM) and ipc._is_any(mosaic_core.MemorySpace.ANY)
+        assert not ipc._is_any(mosaic_core.MemorySpace.VMEM)
+    cpu_rpa.uninstall()
+    assert getattr(ipc, "_is_any", None) is stock_is_any
 
 
 def test_context_manager_installs_for_the_block_only():
@@ -156,13 +197,17 @@ def test_dispatcher_refuses_on_cpu_without_the_shim():
 
 @pytest.mark.parametrize(("page_size", "tokens", "pages_per_seq"), [(16, 32, 4), (8, 1, 1), (32, 256, 16), (16, 7, 2)])
 def test_cpu_block_sizes_satisfy_the_kernel(page_size, tokens, pages_per_seq):
-    from tpu_inference.kernels.ragged_paged_attention.v3.kernel import RpaCase
+    import importlib
+    from types import SimpleNamespace
 
-    for case in RpaCase:
+    kernel = importlib.import_module(V3_KERNEL)
+    # the installed kernel's own cases where it has them (0.18 on); the same three names before
+    cases = getattr(kernel, "RpaCase", [SimpleNamespace(name=n) for n in ("DECODE", "PREFILL", "MIXED")])
+    for case in cases:
         b = cpu_rpa.cpu_block_sizes("f", "f", 4, 2, 128, page_size, tokens, 4, pages_per_seq, case=case)
         assert b["bkv_sz"] % page_size == 0 and b["bkv_csz"] % page_size == 0
         assert b["bkv_sz"] % b["bkv_csz"] == 0 and b["bq_sz"] % b["bq_csz"] == 0
-    pages, bq = cpu_rpa.cpu_block_sizes_hd64("f", "f", 4, 2, 64, page_size, tokens, pages_per_seq)
+    pages, bq = cpu_rpa.cpu_tuned_block_sizes("f", "f", 4, 2, 64, page_size, tokens, pages_per_seq)
     assert 1 <= pages <= pages_per_seq and 1 <= bq <= tokens
 
 
@@ -182,7 +227,8 @@ def test_env_block_sizes_route(monkeypatch):
         for var in cpu_rpa.ENV_VARS:
             monkeypatch.setenv(var, "not,sizes")  # ignored by the kernel, so they must not steer the shim either
         st = cpu_rpa.install()
-        assert st.block_sizes == "function" and f"{cpu_rpa.KERNEL_MODULE}:get_default_block_sizes" in st.patches
+        function = installed_v3_block_size_function()
+        assert st.block_sizes == STAND_INS[function][0] and f"{V3_KERNEL}:{function}" in st.patches
     else:
         monkeypatch.setattr(cpu_rpa, "_block_size_methods", lambda force: ("0.32.0", ("env",)))
         st = cpu_rpa.install()
@@ -207,9 +253,7 @@ def _kernel_reads_block_size_env():
     call) reads RPA_V3_*_BLOCK_SIZES: from 0.30 on. 0.26-0.29 read them only in their own JAX models."""
     import inspect
 
-    from tpu_inference.layers.common import attention_interface
-
-    return "RPA_V3_" in inspect.getsource(attention_interface)
+    return "RPA_V3_" in inspect.getsource(installed_attention_interface())
 
 
 def test_interpret_mode_is_global_and_forced():

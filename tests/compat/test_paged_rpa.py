@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.kernel_envs import REAL_KERNEL_ENVS
+from helpers.kernel_envs import REAL_KERNEL_ENVS, installed_attention_interface, installed_hd64_kernel, jax_below
 from helpers.shipped import shipped_matrix
 
 pytestmark = pytest.mark.envs(*REAL_KERNEL_ENVS)
@@ -147,12 +147,23 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_configurations_mixed_batch(name):
     nq, nkv, hd, dtype, kw = CONFIGS[name]
-    layout = paged.KVCacheLayout(PAGES, PAGE, nkv, hd, dtype)
-    assert layout.kernel == ("hd64" if hd == 64 else "v3")
+    hd64 = hd == 64 and installed_hd64_kernel()  # tpu-inference 0.11 runs head_dim 64 through the v3 kernel
+    layout = paged.KVCacheLayout(PAGES, PAGE, nkv, hd, dtype, hd64=None if hd64 else False)
+    assert layout.kernel == ("hd64" if hd64 else "v3")
     step = _step(layout, "mixed", num_q_heads=nq, seed=hash(name) % 1000)
     kw = dict(kw)
     if kw.get("attention_sink") == "random":
         kw["attention_sink"] = jnp.asarray(np.random.default_rng(0).standard_normal(nq) * 2, jnp.float32)
+    if hd == 64 and not hd64:  # tpu-inference 0.11: the hd64 layout and sinks are refused, typed
+        hd64_layout = paged.KVCacheLayout(PAGES, PAGE, nkv, hd, dtype)
+        hd64_step = _step(hd64_layout, "mixed", num_q_heads=nq, seed=1)
+        with pytest.raises(InvalidArgumentError, match=r"\[kv_cache\].*layout the installed RPA kernel expects"):
+            _run(hd64_step, paged.make_mesh(1), sm_scale=hd**-0.5)
+        if "attention_sink" in kw:
+            with pytest.raises(KernelUnavailableError, match=r"\[attention_sink\].*head_dim-64 kernel") as e:
+                _run(step, paged.make_mesh(1), sm_scale=hd**-0.5, **kw)
+            assert "tpu-inference >= 0.12" in e.value.fix
+            return
     if "soft_cap" in kw and not _kernel_takes("attn_logits_soft_cap"):  # tpu-inference < 0.27: refused, typed
         with pytest.raises(KernelUnavailableError, match=r"\[soft_cap\].*does not support soft_cap") as e:
             _run(step, paged.make_mesh(1), sm_scale=hd**-0.5, **kw)
@@ -162,19 +173,11 @@ def test_configurations_mixed_batch(name):
     _check(step, out, new_cache, sm_scale=hd**-0.5, tol=TOL[dtype], **kw)
 
 
-def _jax_below(version):
-    from packaging.version import Version
-
-    return Version(jax.__version__) < Version(version)
-
-
 def _kernel_takes(name):
     """Whether the installed tpu-inference's own sharded_ragged_paged_attention has parameter `name`."""
     import inspect
 
-    from tpu_inference.layers.common import attention_interface
-
-    return name in inspect.signature(attention_interface.sharded_ragged_paged_attention).parameters
+    return name in inspect.signature(installed_attention_interface().sharded_ragged_paged_attention).parameters
 
 
 # -- tensor parallelism ---------------------------------------------------------------------------
@@ -194,7 +197,7 @@ def test_tensor_parallel_matches_tp1(tp):
     cache = step.kv_cache if tp == 1 else _relayout(step, base, layout)
     tp_step = type(step)(layout, step.metadata, step.q, step.k, step.v, cache, step.context_k, step.context_v)
     mesh = paged.make_mesh(tp)
-    if layout.replication > 1 and _jax_below("0.11.2"):  # measured: 0.9.2 IndivisibleError, 0.10.0-0.11.0 hang
+    if layout.replication > 1 and jax_below("0.11.2"):  # measured: 0.9.2 IndivisibleError, 0.10.0-0.11.0 hang
         with pytest.raises(KernelUnavailableError, match=r"\[mesh\].*replicated over the 'model' axis") as e:
             _run(tp_step, mesh, sm_scale=SCALE)
         assert "use tensor parallelism <= 2" in str(e.value)

@@ -12,3 +12,45 @@ REAL_KERNEL_ENVS: tuple[str, ...] = (
     "maxtext-0.1.0-jax011",
     *(name for name, spec in shipped_matrix().environments.items() if _KERNEL_TESTS in spec.tests),
 )
+
+
+# -- facts read from the installed tpu-inference itself (independent of the code under test) ----------
+
+V3_KERNEL = "tpu_inference.kernels.ragged_paged_attention.v3.kernel"
+# The v3 kernel's block-size function: get_default_block_sizes from 0.18, get_tuned_block_sizes before.
+V3_BLOCK_SIZE_FUNCTIONS = ("get_default_block_sizes", "get_tuned_block_sizes")
+
+
+def installed_attention_interface():
+    """tpu-inference's attention_interface module: layers.common from 0.12, layers.jax in 0.11."""
+    import importlib
+
+    for name in ("tpu_inference.layers.common.attention_interface", "tpu_inference.layers.jax.attention_interface"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise AssertionError("the installed tpu-inference has no attention_interface module")
+
+
+def installed_v3_block_size_function() -> str:
+    """The name of the function the installed v3 kernel sizes its blocks with."""
+    import importlib
+
+    kernel = importlib.import_module(V3_KERNEL)
+    return next(name for name in V3_BLOCK_SIZE_FUNCTIONS if hasattr(kernel, name))
+
+
+def installed_hd64_kernel() -> bool:
+    """Whether the installed tpu-inference ships the head_dim-64 kernel (0.12 on)."""
+    import importlib.util
+
+    return importlib.util.find_spec("tpu_inference.kernels.ragged_paged_attention.v3.kernel_hd64") is not None
+
+
+def jax_below(version: str) -> bool:
+    """Whether the installed jax is older than `version`."""
+    import jax
+    from packaging.version import Version
+
+    return Version(jax.__version__) < Version(version)

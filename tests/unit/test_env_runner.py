@@ -145,17 +145,23 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
 
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
     real = shipped_matrix()
-    ranges = env_runner.mocked_tpu_inference_rows(real)
-    # Every range the CPU shim can drive has an environment; the two the old v3 kernel API keeps off CPU do not.
-    assert ranges == [">=0.11.1,<0.12.0", ">=0.12.0,<0.18.0"]
-    assert all("old v3 kernel API" in r.not_real for r in real.tpu_inference if r.label in ranges)
-    assert ">=0.11.1,<0.12.0" in ranges
-    assert not any("0.33.0" in r for r in ranges)
-    env_runner.write_reports([], real, tmp_path)
+    assert env_runner.mocked_tpu_inference_rows(real) == []  # every range runs its real kernel somewhere
+    # Without the 0.11.1 environment (and with the row's reason), its range would be covered by mocks only.
+    envs = {k: v for k, v in real.environments.items() if k != "tpu-inference-0.11.1"}
+    rows = tuple(
+        dataclasses.replace(r, not_real="no wheel here") if r.label == ">=0.11.1,<0.12.0" else r
+        for r in real.tpu_inference
+    )
+    fewer = dataclasses.replace(real, environments=envs, tpu_inference=rows)
+    ranges = env_runner.mocked_tpu_inference_rows(fewer)
+    assert ranges == [">=0.11.1,<0.12.0"]
+    env_runner.write_reports([], fewer, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
-    assert [r["tpu_inference"] for r in data["mocked_tpu_inference_rows"]] == ranges
-    assert "- tpu-inference >=0.11.1,<0.12.0: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
-    assert all(r["why"] and "no reason given" not in r["why"] for r in data["mocked_tpu_inference_rows"])
+    assert data["mocked_tpu_inference_rows"] == [
+        {"tpu_inference": ">=0.11.1,<0.12.0", "covered_by": env_runner.MOCKED_TPU_INFERENCE, "why": "no wheel here"}
+    ]
+    report = (tmp_path / "compat-report.md").read_text()
+    assert "- tpu-inference >=0.11.1,<0.12.0: pytest-mock tests" in report and "no wheel here" in report
 
 
 def test_the_cpu_shims_verified_tpu_inference_releases_are_those_the_kernel_tests_run_on():
@@ -163,13 +169,21 @@ def test_the_cpu_shims_verified_tpu_inference_releases_are_those_the_kernel_test
     from helpers.kernel_envs import REAL_KERNEL_ENVS
 
     real = shipped_matrix()
-    pinned = {
-        r.split("==", 1)[1]
-        for name in REAL_KERNEL_ENVS
-        for r in real.environment(name).requirements
-        if r.startswith("tpu-inference==")
-    }
+    pinned = {env_runner.pinned_version(real.environment(name), "tpu-inference") for name in REAL_KERNEL_ENVS}
     assert sorted(pinned, key=Version) == list(real.cpu_shim.verified_tpu_inference)
+
+
+def test_the_cpu_shims_verified_jax_is_every_jax_the_kernel_tests_run_on_and_covers_every_release_pin():
+    """verified_jax is a fact about the suite: each listed jax has an environment where the real kernel runs
+    through the CPU shim, and each jax a tpu-inference release pins is listed (its release runs on CPU)."""
+    from helpers.kernel_envs import REAL_KERNEL_ENVS
+
+    real = shipped_matrix()
+    tested = {env_runner.pinned_version(real.environment(name), "jax") for name in REAL_KERNEL_ENVS}
+    assert None not in tested, "a kernel environment leaves its jax unpinned"
+    assert sorted(tested, key=Version) == list(real.cpu_shim.verified_jax)
+    release_pins = {rel.jax for row in real.tpu_inference for rel in row.releases.values()}
+    assert release_pins <= set(real.cpu_shim.verified_jax), sorted(release_pins - set(real.cpu_shim.verified_jax))
 
 
 def test_every_range_no_environment_installs_says_why_and_no_real_range_does():
@@ -185,7 +199,7 @@ def test_not_real_must_be_a_nonempty_string(tmp_path):
     from maxtext_compat.errors import MatrixError
 
     text = (REPO / "compat_matrix.yaml").read_text()
-    bad = re.sub(r"    not_real: the old v3 kernel API[^\n]*", "    not_real: ''", text, count=1)
+    bad = re.sub(r"(?m)^(    block_sizes: \[tuned\]\n)", r"\1    not_real: ''\n", text, count=1)
     assert bad != text
     (tmp_path / "m.yaml").write_text(bad)
     with pytest.raises(MatrixError, match="not_real"):
@@ -246,22 +260,36 @@ def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch,
     assert env_runner.compile_cache_env("x")["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(1 << 30)  # JAX keeps it LRU
 
 
-def test_cross_era_answers_unused_for_two_weeks_are_pruned_and_nothing_else(monkeypatch, tmp_path):
+def test_cache_entries_unused_for_two_weeks_are_pruned_and_nothing_else(monkeypatch, tmp_path):
     import os
 
     monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
-    assert env_runner.prune_partner_answers() == []  # no folder yet
-    folder = tmp_path / "cc" / env_runner.PARTNER_ANSWERS
-    folder.mkdir(parents=True)
+    assert env_runner.prune_unused_caches() == []  # no folders yet
     now = 1_800_000_000.0
-    ages = {"fresh.npz": 0.0, "a-week.npz": 7 * 86400.0, "stale.npz": 15 * 86400.0, "stale.other": 30 * 86400.0}
-    for name, age in ages.items():
-        (folder / name).write_bytes(b"x")
-        os.utime(folder / name, (now - age, now - age))
-    assert [p.name for p in env_runner.prune_partner_answers(now=now)] == ["stale.npz"]
-    assert sorted(p.name for p in folder.iterdir()) == ["a-week.npz", "fresh.npz", "stale.other"]  # not ours
+    ages = {"fresh": 0.0, "a-week": 7 * 86400.0, "stale": 15 * 86400.0}
+    folders = {env_runner.PARTNER_ANSWERS: ".npz", env_runner.HF_REFERENCE: ".safetensors"}
+    for folder, suffix in folders.items():
+        (tmp_path / "cc" / folder).mkdir(parents=True)
+        others = [("stale.other", 30 * 86400.0), (f"stale{suffix}.1234.partial", 15 * 86400.0)]
+        others.append((f"fresh{suffix}.1234.partial", 0.0))  # a write in progress
+        for name, age in [*((n + suffix, a) for n, a in ages.items()), *others]:
+            f = tmp_path / "cc" / folder / name
+            f.write_bytes(b"x")
+            os.utime(f, (now - age, now - age))
+    pruned = env_runner.prune_unused_caches(now=now)
+    assert sorted(f"{p.parent.name}/{p.name}" for p in pruned) == [
+        "era-partner/stale.npz",
+        "era-partner/stale.npz.1234.partial",
+        "hf-reference/stale.safetensors",
+        "hf-reference/stale.safetensors.1234.partial",
+    ]
+    for folder, suffix in folders.items():  # entries of another kind are not ours
+        assert sorted(p.name for p in (tmp_path / "cc" / folder).iterdir()) == sorted(
+            ["a-week" + suffix, "fresh" + suffix, f"fresh{suffix}.1234.partial", "stale.other"]
+        )
+    assert env_runner.hf_reference_dir() == tmp_path / "cc" / "hf-reference"
     monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, "")
-    assert env_runner.prune_partner_answers(now=now + 10**9) == []  # caches off: nothing touched
+    assert env_runner.prune_unused_caches(now=now + 10**9) == [] and env_runner.hf_reference_dir() is None
 
 
 @pytest.mark.parametrize("jobs", [0, -1, 2.5, True, "2"])

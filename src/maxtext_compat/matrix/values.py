@@ -69,7 +69,7 @@ CLASS_KEYS: tuple[str, ...] = (
     "transformer_linen",
 )
 OPTIONAL_CLASS_KEYS: frozenset[str] = frozenset({"mla"})  # a user's matrix may leave these out
-BLOCK_SIZE_SOURCES: tuple[str, ...] = ("function", "env")
+BLOCK_SIZE_SOURCES: tuple[str, ...] = ("function", "env", "tuned")
 # An environment's name is a directory under the envs folder, built and deleted by `envs build`:
 # one path component, ASCII, starting with a letter or digit (so never `.`, `..`, hidden or empty).
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -138,8 +138,8 @@ def read_block_sizes(n: Node) -> tuple[str, ...]:
         if b not in BLOCK_SIZE_SOURCES:
             raise n.error(
                 f"unknown block-size source {b!r}",
-                expected="function and/or env",
-                fix=f"list only `function` and/or `env` under block_sizes (remove {b!r})",
+                expected=f"names from {list(BLOCK_SIZE_SOURCES)}",
+                fix=f"list only {', '.join(BLOCK_SIZE_SOURCES)} under block_sizes (remove {b!r})",
             )
     return sources
 

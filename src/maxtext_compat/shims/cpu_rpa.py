@@ -4,11 +4,14 @@ Why: the kernel is a Pallas TPU kernel with no CPU fallback. Four things stand b
 a CPU, each measured on jax 0.11.2 / tpu-inference 0.32.0:
 1. "Only interpret mode is supported on CPU backend" -> TPU interpret mode, set globally
    (so MaxText's own vLLM path gets it too) and forced around our dispatcher's calls;
-2. the stock interpreter cannot follow ref reshape/bitcast views -> `pallas_interpret_views`;
-3. `pltpu.get_tpu_info()` knows no 'cpu' device kind -> a TPU v6e entry in jax's tpu_info registry;
-4. `get_default_block_sizes` raises for tpu_version -1 (and hd64's tuned table calls
-   get_device_name) -> CPU block sizes, by patching the functions (tpu-inference >= 0.18,
-   matrix `block_sizes: [function]`) or through RPA_V3_*_BLOCK_SIZES (>= 0.30, `[env]`).
+2. the stock interpreter cannot follow ref reshape/bitcast views -> `pallas_interpret_views`
+   (and jax < 0.9's copies HBM operands instead of passing them -> `pallas_interpret_hbm`);
+3. `pltpu.get_tpu_info()` knows no 'cpu' device kind -> a TPU v6e entry in jax's tpu_info registry
+   (a jax without that table has nothing to ask);
+4. the kernel's block-size lookup needs a TPU (tpu_version -1 raises; the tuned tables call
+   get_device_name) -> CPU block sizes, by the matrix row's `block_sizes` method: `function`
+   (patch get_default_block_sizes, 0.18+), `env` (RPA_V3_*_BLOCK_SIZES, 0.30+) or `tuned`
+   (patch the older API's get_tuned_block_sizes, (pages per block, queries per block), 0.11-0.17).
 
 Rules: acts only on a CPU backend (elsewhere `install()` returns an inactive status and
 patches nothing); refuses a jax not in the matrix's `cpu_shim.verified_jax` unless forced;
@@ -29,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import KernelUnavailableError, ShimRefusedError
+from maxtext_compat.shims import pallas_interpret_hbm as hbm
 from maxtext_compat.shims import pallas_interpret_views as views
+from maxtext_compat.shims import pallas_interpreter as interpreter
 from maxtext_compat.shims.patching.settings import (
     Setting,
     SettingSet,
@@ -64,13 +69,13 @@ class ShimStatus:
     jax_version: str
     jax_verified: bool
     tpu_inference_version: str | None = None
-    block_sizes: str | None = None  # "function" | "env" | None
+    block_sizes: str | None = None  # "function" | "env" | "tuned" | None
     patches: tuple[str, ...] = field(default_factory=tuple)
 
 
 _APPLIED: SettingSet | None = None  # what install() set, through the engine's one transaction
 _STATUS: ShimStatus | None = None
-_AFTER_UNINSTALL: tuple[Any, int] | None = None  # (dma counter object, value) when we last uninstalled
+_AFTER_UNINSTALL: tuple[Any, Any] | None = None  # the interpreter's run marker when we last uninstalled
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,8 +142,16 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
         _refuse_if_late(clear_caches)
         tpi_version, methods = _block_size_methods(force)
         applied_method, block_settings = _block_size_settings(methods)
+        tpu_info = _tpu_info_setting()
         _APPLIED = apply_settings(
-            PROFILE, [*views.settings(), _tpu_info_setting(), *block_settings, _interpret_mode_setting()]
+            PROFILE,
+            [
+                *views.settings(),
+                *hbm.settings(),
+                *([tpu_info] if tpu_info else []),
+                *block_settings,
+                _interpret_mode_setting(),
+            ],
         )
         _STATUS = ShimStatus(
             True,
@@ -160,9 +173,7 @@ def uninstall() -> list[str]:
             return []
         done = remove_settings(_APPLIED) if _APPLIED is not None else []
         _APPLIED = _STATUS = None
-        ipc = _interpreter()
-        counter = getattr(ipc, "dma_id_counter", None)
-        _AFTER_UNINSTALL = (counter, getattr(counter, "value", 0))
+        _AFTER_UNINSTALL = _run_marker()
         return done
 
 
@@ -226,7 +237,7 @@ def cpu_block_sizes(
     return {"bq_sz": bq, "bkv_sz": bkv, "bq_csz": bq, "bkv_csz": bkv}
 
 
-def cpu_block_sizes_hd64(
+def cpu_tuned_block_sizes(
     q_dtype: Any,
     kv_dtype: Any,
     actual_num_q_heads: int,
@@ -237,7 +248,10 @@ def cpu_block_sizes_hd64(
     pages_per_seq: int,
     sliding_window: int | None = None,
 ) -> tuple[int, int]:
-    """Stand-in for hd64 `get_tuned_block_sizes` (it calls get_device_name(), which needs a TPU)."""
+    """Stand-in for `get_tuned_block_sizes` (hd64's, and v3's before 0.18): (pages per block, queries per block).
+
+    The stock one calls get_device_name(), which needs a TPU.
+    """
     return max(1, min(4, pages_per_seq)), max(1, min(16, max_num_tokens))
 
 
@@ -246,22 +260,30 @@ def cpu_block_sizes_hd64(
 # --------------------------------------------------------------------------------------------
 
 
-def _interpreter() -> Any:
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
+def _run_marker() -> tuple[Any, Any] | None:
+    """What changes each time the interpreter runs a kernel (None: it never ran in this process).
 
-    return interpret_pallas_call
+    jax >= 0.8.1 counts DMA ids across kernels ((counter, value)); jax 0.7 and 0.8.0 make a new
+    race-detection state for each kernel ((that object, None)).
+    """
+    ipc = interpreter.pallas_call_module()
+    if hasattr(ipc, "dma_id_counter"):
+        counter = ipc.dma_id_counter
+        return None if counter is None else (counter, getattr(counter, "value", 0))
+    races = getattr(ipc, "races", None)
+    return None if races is None else (races, None)
 
 
 def late_reasons() -> list[str]:
     """Evidence that RPA (or any interpreted Pallas TPU kernel) was traced/ran before the shim."""
     reasons = []
-    ipc = _interpreter()
+    ipc = interpreter.pallas_call_module()
     if getattr(ipc, "_shared_memory", None) is not None:
         reasons.append("an interpreted Pallas TPU kernel failed and left its simulated memory behind")
-    counter = getattr(ipc, "dma_id_counter", None)
-    if counter is not None:
-        unchanged = _AFTER_UNINSTALL is not None and (counter, getattr(counter, "value", 0)) == _AFTER_UNINSTALL
-        if not unchanged:
+    marker = _run_marker()
+    if marker is not None:
+        last = _AFTER_UNINSTALL
+        if last is None or marker[0] is not last[0] or marker[1] != last[1]:
             reasons.append("an interpreted Pallas TPU kernel already ran in this process without the shim")
     for name in (KERNEL_MODULE, HD64_MODULE):
         mod = sys.modules.get(name)
@@ -315,27 +337,33 @@ def _block_size_methods(force: bool) -> tuple[str | None, tuple[str, ...]]:
         )
     if not row.block_sizes and not force:
         raise KernelUnavailableError(
-            "the CPU shim does not support this tpu-inference's RPA kernel API (no get_default_block_sizes, "
-            "no block-size env vars)",
+            "the compat matrix gives no way to hand this tpu-inference's RPA kernel CPU block sizes",
             argument="tpu_inference",
-            expected="tpu-inference >= 0.18.0",
+            expected="a release whose matrix row lists block_sizes (function, env or tuned)",
             found=info.version,
-            fix="use tpu-inference >= 0.18.0 for CPU runs (0.32.0 is verified)",
+            fix="use a tpu-inference release listed in cpu_shim.verified_tpu_inference for CPU runs",
         )
     return info.version, row.block_sizes
 
 
-def tpu_info_module() -> Any:
-    """jax's TPU hardware table: jax._src.tpu_info (jax >= 0.10), jax._src.pallas.mosaic.tpu_info before."""
-    try:
-        return importlib.import_module("jax._src.tpu_info")
-    except ImportError:
-        return importlib.import_module("jax._src.pallas.mosaic.tpu_info")
+TPU_INFO_MODULES = ("jax._src.tpu_info", "jax._src.pallas.mosaic.tpu_info")
 
 
-def _tpu_info_setting() -> Setting:
+def tpu_info_module() -> Any | None:
+    """jax's TPU hardware table (it moved in jax 0.10); None for a jax that has none (nothing asks for it)."""
+    for name in TPU_INFO_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+def _tpu_info_setting() -> Setting | None:
     """A TPU v6e entry for the 'cpu' device kind in jax's TPU hardware table (an existing entry is kept)."""
     tpu_info = tpu_info_module()
+    if tpu_info is None:
+        return None
     chip = getattr(tpu_info.ChipVersion, TPU_CHIP)
 
     def cpu_tpu_info() -> Any:
@@ -343,7 +371,7 @@ def _tpu_info_setting() -> Setting:
 
     clear = getattr(tpu_info.get_tpu_info, "cache_clear", None)
     return Setting(
-        item_slot(tpu_info.registry, "cpu", tpu_info_target()),
+        item_slot(tpu_info.registry, "cpu", _registry_target(tpu_info)),
         cpu_tpu_info,
         f"{__name__}._tpu_info_setting",
         keep_existing=True,
@@ -351,44 +379,69 @@ def _tpu_info_setting() -> Setting:
     )
 
 
-def tpu_info_target() -> str:
-    """The ledger name of the 'cpu' entry this shim adds to jax's TPU hardware table."""
-    return f"{tpu_info_module().__name__}:registry['cpu']"
+def tpu_info_target() -> str | None:
+    """The ledger name of the 'cpu' entry this shim adds to jax's TPU hardware table (None: no table)."""
+    tpu_info = tpu_info_module()
+    return None if tpu_info is None else _registry_target(tpu_info)
 
 
-def _kernel_attribute(module_name: str, attr: str, replacement: Any) -> Setting | None:
-    """`replacement` for `module_name.attr` (None when the module has no such attribute)."""
+def _registry_target(tpu_info: Any) -> str:
+    return f"{tpu_info.__name__}:registry['cpu']"
+
+
+def _kernel_attribute(
+    module_name: str, attr: str, replacement: Any, *, optional_module: bool = False
+) -> Setting | None:
+    """`replacement` for `module_name.attr` (None when the module has no such attribute, or, if
+    `optional_module`, no such module: tpu-inference 0.11 ships no hd64 kernel)."""
     try:
         mod = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if optional_module and exc.name == module_name:
+            return None
+        raise _unimportable(module_name, exc) from exc
     except ImportError as exc:
-        raise KernelUnavailableError(
-            f"cannot import tpu-inference's RPA kernel module: {exc}",
-            argument="tpu_inference",
-            expected=f"an importable {module_name}",
-            fix="install vllm-tpu with its tpu-inference (importing tpu_inference imports vllm and torch)",
-        ) from exc
+        raise _unimportable(module_name, exc) from exc
     if getattr(mod, attr, _MISSING) is _MISSING:
         return None
     slot = attribute_slot(mod, attr, f"{module_name}:{attr}")
     return Setting(slot, replacement, f"{__name__}.{replacement.__name__}")
 
 
+def _unimportable(module_name: str, exc: ImportError) -> KernelUnavailableError:
+    return KernelUnavailableError(
+        f"cannot import tpu-inference's RPA kernel module: {exc}",
+        argument="tpu_inference",
+        expected=f"an importable {module_name}",
+        fix="install vllm-tpu with its tpu-inference (importing tpu_inference imports vllm and torch)",
+    )
+
+
+# The v3 kernel's block-size function each patching method replaces, and its CPU stand-in.
+V3_BLOCK_SIZE_FUNCTIONS = {
+    "function": ("get_default_block_sizes", cpu_block_sizes),
+    "tuned": ("get_tuned_block_sizes", cpu_tuned_block_sizes),
+}
+
+
 def _block_size_settings(methods: tuple[str, ...]) -> tuple[str | None, list[Setting]]:
     """(the method used, the settings that give the kernel CPU block sizes)."""
-    if not {"function", "env"} & set(methods):
+    if not {*V3_BLOCK_SIZE_FUNCTIONS, "env"} & set(methods):
         return None, []  # kernel-free use (interpret mode for other Pallas kernels): nothing to size
-    hd64 = _kernel_attribute(HD64_MODULE, "get_tuned_block_sizes", cpu_block_sizes_hd64)
-    if "function" in methods:
-        v3 = _kernel_attribute(KERNEL_MODULE, "get_default_block_sizes", cpu_block_sizes)
+    hd64 = _kernel_attribute(HD64_MODULE, "get_tuned_block_sizes", cpu_tuned_block_sizes, optional_module=True)
+    for method, (name, stand_in) in V3_BLOCK_SIZE_FUNCTIONS.items():
+        if method not in methods:
+            continue
+        v3 = _kernel_attribute(KERNEL_MODULE, name, stand_in)
         if v3 is None:
             raise KernelUnavailableError(
-                "the matrix says this tpu-inference sizes RPA blocks with get_default_block_sizes, "
+                f"the matrix says this tpu-inference sizes RPA blocks with {name}, "
                 "but the installed kernel module has none",
                 argument="tpu_inference",
-                expected=f"{KERNEL_MODULE}.get_default_block_sizes",
+                expected=f"{KERNEL_MODULE}.{name}",
                 fix="fix the row's block_sizes in compat_matrix.yaml",
             )
-        return "function", [s for s in (v3, hd64) if s is not None]
+        return method, [s for s in (v3, hd64) if s is not None]
     if "env" in methods:
         # The user's own sizes win (keep_existing); tpu-inference forwards the env sizes to the v3 kernel
         # only, so hd64 still needs its function.

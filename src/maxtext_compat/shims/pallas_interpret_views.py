@@ -2,9 +2,9 @@
 
 Why: tpu-inference's RPA v3 kernel (and the hd64 variant) address the HBM KV cache through
 `ref.reshape(...)` (pages merged into one axis for per-page DMAs) and `ref.bitcast(...)`. The
-stock TPU interpreter of jax 0.11.2 / 0.12.0.1 turns a ref's transforms into one slice range
+stock TPU interpreter (jax 0.7.2 to 0.12.0.1) turns a ref's transforms into one slice range
 and only understands `NDIndexer`, so the kernel dies on CPU with
-`AttributeError: 'ReshapeTransform' object has no attribute 'indices'`.
+`AttributeError: 'ReshapeTransform' object has no attribute 'indices'` (RefReshaper before jax 0.9).
 
 How: wrap the interpreter's `get` / `store` / `swap` callbacks (DMAs call their `__wrapped__`
 functions, so they are covered too). A transform chain is split at its first view: the
@@ -23,27 +23,27 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from maxtext_compat.shims import pallas_interpreter as interpreter
 from maxtext_compat.shims.patching.settings import Setting, attribute_slot, replaced_value
 from maxtext_compat.shims.patching.state import ABSENT
 
-TARGET_MODULE = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
-PATCHED_NAMES: tuple[str, ...] = ("get", "store", "swap")
+PATCHED_NAMES = interpreter.CALLBACKS
 
 MARK = "__maxtext_compat_view__"  # set on our replacement callbacks
 
 
 def applied() -> bool:
     """Whether the interpreter currently runs through this patch."""
-    mod = _module()
+    mod = interpreter.callbacks_module()
     return all(getattr(getattr(mod, n), MARK, False) for n in PATCHED_NAMES)
 
 
 def settings() -> list[Setting]:
     """The replacement callbacks as engine settings (applied by `cpu_rpa` in its one transaction)."""
-    mod = _module()
+    mod = interpreter.callbacks_module()
     originals = {n: getattr(mod, n) for n in PATCHED_NAMES}
     # jax 0.11/0.12: decorated callbacks whose undecorated `__wrapped__` DMAs call, threading a token;
-    # jax 0.9: plain module functions (DMAs call the module's names) without a token.
+    # jax 0.7-0.10: plain module functions (DMAs call the module's names) without a token.
     raw = {n: getattr(f, "__wrapped__", f) for n, f in originals.items()}
     tokened = _takes_token(raw["get"])
     if not tokened:
@@ -64,26 +64,19 @@ def settings() -> list[Setting]:
         functools.update_wrapper(wrapped, inner)
         wrapped.__wrapped__ = inner
         setattr(wrapped, MARK, True)
-        target = f"{TARGET_MODULE}:{name}"
-        out.append(Setting(attribute_slot(mod, name, target), wrapped, f"{__name__}.settings"))
+        out.append(Setting(attribute_slot(mod, name, target(name)), wrapped, f"{__name__}.settings"))
     return out
 
 
 def original(name: str) -> Any:
     """The interpreter's own callback (for tests that check restoration by identity)."""
-    before = replaced_value(f"{TARGET_MODULE}:{name}")
-    return getattr(_module(), name) if before is ABSENT else before
+    before = replaced_value(target(name))
+    return getattr(interpreter.callbacks_module(), name) if before is ABSENT else before
 
 
-# --------------------------------------------------------------------------------------------
-# The callbacks
-# --------------------------------------------------------------------------------------------
-
-
-def _module() -> Any:
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
-
-    return interpret_pallas_call
+def target(name: str) -> str:
+    """The ledger name of one patched callback ("<callbacks module>:get")."""
+    return f"{interpreter.callbacks_module().__name__}:{name}"
 
 
 def _takes_token(fn: Any) -> bool:
@@ -173,10 +166,29 @@ def _np() -> Any:
     return numpy
 
 
-def _view_types() -> tuple[type, ...]:
+# A ref view's class by what it does: jax 0.9 renamed them (RefReshaper -> ReshapeTransform, ...).
+VIEW_CLASS_NAMES = {
+    "reshape": ("ReshapeTransform", "RefReshaper"),
+    "bitcast": ("BitcastTransform", "RefBitcaster"),
+    "transpose": ("TransposeTransform", "RefTransposer"),
+}
+
+
+@functools.cache
+def _views() -> dict[str, Any]:
     from jax._src.state import types as state_types
 
-    return (state_types.ReshapeTransform, state_types.BitcastTransform, state_types.TransposeTransform)
+    found = {}
+    for kind, names in VIEW_CLASS_NAMES.items():
+        cls = next((getattr(state_types, n) for n in names if hasattr(state_types, n)), None)
+        if cls is None:
+            raise NotImplementedError(f"maxtext_compat interpreter view patch: this jax has none of {names}")
+        found[kind] = cls
+    return found
+
+
+def _view_types() -> tuple[type, ...]:
+    return tuple(_views().values())
 
 
 def _split(transforms: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -211,7 +223,8 @@ def _bitcast(x: Any, dtype: Any) -> Any:
     from jax._src import dtypes
 
     dtype = np.dtype(dtype)
-    xb, yb = dtypes.itemsize_bits(x.dtype), dtypes.itemsize_bits(dtype)
+    bits = getattr(dtypes, "itemsize_bits", None) or dtypes.bit_width  # renamed in jax 0.8
+    xb, yb = bits(x.dtype), bits(dtype)
     if xb == yb:
         return np.ascontiguousarray(x).view(dtype)
     shape = list(x.shape)
@@ -229,17 +242,17 @@ def _forward(x: Any, chain: tuple[Any, ...]) -> tuple[Any, list[Any]]:
     """Apply the chain; also return every intermediate (the write path walks them back)."""
     np = _np()
     from jax._src.state import indexing
-    from jax._src.state import types as st
 
+    view = _views()
     steps = [x]
     for t in chain:
         if isinstance(t, indexing.NDIndexer):
             x = x[_index_tuple(t)]
-        elif isinstance(t, st.ReshapeTransform):
+        elif isinstance(t, view["reshape"]):
             x = np.reshape(x, t.shape)
-        elif isinstance(t, st.BitcastTransform):
+        elif isinstance(t, view["bitcast"]):
             x = _bitcast(x, t.dtype)
-        elif isinstance(t, st.TransposeTransform):
+        elif isinstance(t, view["transpose"]):
             x = np.transpose(x, t.permutation)
         else:
             raise NotImplementedError(f"maxtext_compat interpreter view patch: unsupported ref transform {t!r}")
@@ -251,18 +264,18 @@ def _backward(steps: list[Any], chain: tuple[Any, ...], val: Any) -> Any:
     """Write `val` through the chain's view; returns the new value of the chain's base."""
     np = _np()
     from jax._src.state import indexing
-    from jax._src.state import types as st
 
+    view = _views()
     new = np.asarray(val)
     for base, t in reversed(list(zip(steps[:-1], chain, strict=True))):
         if isinstance(t, indexing.NDIndexer):
             full = np.array(base, copy=True)
             full[_index_tuple(t)] = new
             new = full
-        elif isinstance(t, st.ReshapeTransform):
+        elif isinstance(t, view["reshape"]):
             new = np.reshape(new, base.shape)
-        elif isinstance(t, st.BitcastTransform):
+        elif isinstance(t, view["bitcast"]):
             new = _bitcast(new, base.dtype)
-        elif isinstance(t, st.TransposeTransform):
+        elif isinstance(t, view["transpose"]):
             new = np.transpose(new, np.argsort(t.permutation))
     return new

@@ -11,7 +11,7 @@ import functools
 import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from maxtext_compat.errors import ResolutionError
 
@@ -57,6 +57,82 @@ def hf_from_gguf(path: Path) -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     return tokenizer, model.eval()
+
+
+# What the reference's reading depends on besides the file: a new release of any of these is a new reading.
+READERS = ("transformers", "torch", "tokenizers", "gguf")
+
+
+class HfReference(NamedTuple):
+    """transformers' own reading of the file: its model, its greedy ids for PROMPTS and its ids of PROMPTS."""
+
+    model: Any
+    greedy: list[list[int]]
+    prompt_ids: list[list[int]]
+
+
+def hf_reference(path: Path, cache: Path | None = None) -> HfReference:
+    """`hf_from_gguf` and its answers for PROMPTS, read once per file and reader versions when `cache` is a folder.
+
+    Why: transformers' GGUF loader takes 20 s alone and ~50 s on a loaded machine (dequantizing, converting
+    the tokenizer), in every environment and demo that checks against it. A cache entry holds the tensors
+    and answers transformers itself produced (safetensors, float32, bit for bit), keyed by the file's
+    sha256, the readers' versions, PROMPTS and NEW_TOKENS, so the reference stays independent of this
+    package. A hit touches the entry (the matrix run prunes entries unused for two weeks).
+    """
+    entry = None if cache is None else cache / f"{_reference_key(path)}.safetensors"
+    if entry is not None and entry.is_file():
+        entry.touch()
+        return _load_reference(entry)
+    tokenizer, model = hf_from_gguf(path)
+    prompt_ids = [list(tokenizer(p).input_ids) for p in PROMPTS]
+    found = HfReference(model, hf_greedy(model, prompt_ids), prompt_ids)
+    if entry is not None:
+        _save_reference(found, entry)
+    return found
+
+
+def _reference_key(path: Path) -> str:
+    import hashlib
+    import json
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    versions = {name: importlib.metadata.version(name) for name in READERS}
+    key = json.dumps([digest.hexdigest(), versions, PROMPTS, NEW_TOKENS], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _save_reference(ref: HfReference, entry: Path) -> None:
+    import json
+    import os
+
+    from safetensors.torch import save_model
+
+    config = {k: v for k, v in ref.model.config.to_dict().items() if k != "quantization_config"}
+    answers = {"greedy": ref.greedy, "prompt_ids": ref.prompt_ids}
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    partial = entry.with_name(f"{entry.name}.{os.getpid()}.partial")
+    save_model(ref.model, str(partial), metadata={"config": json.dumps(config), "answers": json.dumps(answers)})
+    os.replace(partial, entry)  # whole or absent: another environment may read it at the same moment
+
+
+def _load_reference(entry: Path) -> HfReference:
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with safe_open(str(entry), framework="pt") as f:
+        meta = f.metadata()
+    model = LlamaForCausalLM(LlamaConfig(**json.loads(meta["config"]))).to(torch.float32)
+    load_model(model, str(entry))  # strict: every tensor of the model, no other
+    answers = json.loads(meta["answers"])
+    return HfReference(model.eval(), answers["greedy"], answers["prompt_ids"])
 
 
 def hf_greedy(model: Any, prompts: Sequence[Sequence[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
