@@ -4,7 +4,9 @@ The same suite runs in every matrix environment (`make test`). A test marked
 `@pytest.mark.envs("maxtext-0.2.5")` runs only there and is *deselected* elsewhere (not
 skipped: a skip would read as "could not check"); tests that need MaxText are
 deselected in the `unit` environment, tests that need tpu-inference where it is not installed,
-and tests that churn the release's shim profile where the release needs none.
+and tests that churn the release's shim profile where the release needs none. tests/unit runs
+in the `unit` environment only: its results do not depend on what is installed, except in the
+files marked `every_env` (import lightness, the pytest plugin against an installed MaxText).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 ENV_NAME = os.environ.get("MAXTEXT_COMPAT_ENV", "")
+UNIT_TESTS = Path(_TESTS_DIR) / "unit"
+UNIT_ENV = "unit"
 HAS_MAXTEXT = detect_import_root() is not None
 HAS_TPU_INFERENCE = importlib.util.find_spec("tpu_inference") is not None
 # Tests marked `extended` (real-model serving beyond make test's set) run only with this set to 1.
@@ -65,6 +69,8 @@ def _why_inapplicable(item: pytest.Item) -> str | None:
             )
         if ENV_NAME not in envs_marker.args:
             return f"runs only in {', '.join(envs_marker.args)}"
+    elif _is_unit_test(item) and ENV_NAME not in ("", UNIT_ENV) and item.get_closest_marker("every_env") is None:
+        return f"a unit test: runs in the {UNIT_ENV} environment"
     if item.get_closest_marker("extended") is not None and os.environ.get(EXTENDED_ENV) != "1":
         return f"extended: runs with {EXTENDED_ENV}=1 (make test-extended)"
     if item.get_closest_marker("needs_maxtext") is not None and not HAS_MAXTEXT:
@@ -74,6 +80,10 @@ def _why_inapplicable(item: pytest.Item) -> str | None:
     if item.get_closest_marker("needs_shim_profile") is not None and not _release_has_a_shim_profile():
         return "needs a release with a shim profile"
     return None
+
+
+def _is_unit_test(item: pytest.Item) -> bool:
+    return item.path.is_relative_to(UNIT_TESTS)
 
 
 _LEFT_OUT: dict[str, int] = {}

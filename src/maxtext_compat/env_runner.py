@@ -39,7 +39,8 @@ DURATIONS_FILE = "tests/env_durations.json"
 # A persistent XLA compilation cache outside the tree (beside uv's cache): a warm rerun skips compiles.
 COMPILE_CACHE_VAR = "MAXTEXT_COMPAT_COMPILE_CACHE"
 TIMEOUT_VAR = "MAXTEXT_COMPAT_ENV_TIMEOUT"
-TIMEOUT_FACTOR, MIN_TIMEOUT_S, DEFAULT_TIMEOUT_S = 3.0, 1200.0, 3600.0
+# Generous: the recorded times come from one machine, and a slower or busier one must not read as a hang.
+TIMEOUT_FACTOR, MIN_TIMEOUT_S, DEFAULT_TIMEOUT_S = 4.0, 1800.0, 3600.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it a value is a typo (inf would mean no timeout at all)
 
 
@@ -135,6 +136,8 @@ def run_env(
     env[ENV_NAME_VAR] = name
     env.pop("VIRTUAL_ENV", None)
     env.update(compile_cache_env(name))
+    env.update(bytecode_cache_env())
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     # An environment that lists its test files runs only those (a kernel-only one has no MaxText to test).
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args, *spec.tests]
     log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))
@@ -178,13 +181,13 @@ def run_env(
 
 
 def env_timeout(name: str) -> float:
-    """Seconds an environment's pytest may run: MAXTEXT_COMPAT_ENV_TIMEOUT, else 3x its recorded time (at least
-    20 min; an hour when none is recorded). A hang (an interpreter deadlock, a server that never answers) ends
+    """Seconds an environment's pytest may run: MAXTEXT_COMPAT_ENV_TIMEOUT, else 4x its recorded time (at least
+    30 min; an hour when none is recorded). A hang (an interpreter deadlock, a server that never answers) ends
     as a failed environment instead of stalling the whole run."""
     from maxtext_compat.switches import env_positive_number
 
     seconds = env_positive_number(
-        TIMEOUT_VAR, example="3600", default="3x each environment's recorded time", maximum=MAX_TIMEOUT_S
+        TIMEOUT_VAR, example="3600", default="4x each environment's recorded time", maximum=MAX_TIMEOUT_S
     )
     if seconds is not None:
         return seconds
@@ -199,6 +202,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 COMPILE_CACHE_MAX_BYTES = 1 << 30  # per environment; JAX drops the least recently used entries beyond it
+PYCACHE = "pycache"  # every environment's .pyc files (PYTHONPYCACHEPREFIX), keyed by each source's own path
 PARTNER_ANSWERS = "era-partner"  # the cross-era test's answers, beside the compilation caches
 HF_REFERENCE = "hf-reference"  # transformers' reading of the real model's file (testing.real_model.hf_reference)
 # Each folder's entries and the age at which an unused one goes: a hit touches its file, and their keys include
@@ -227,6 +231,14 @@ def compile_cache_env(name: str) -> dict[str, str]:
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
         "JAX_COMPILATION_CACHE_MAX_SIZE": str(COMPILE_CACHE_MAX_BYTES),
     }
+
+
+def bytecode_cache_env() -> dict[str, str]:
+    """Where test processes write their compiled modules: outside the tree and the environments, so a rebuilt
+    environment (same path) starts warm. A machine that sets PYTHONDONTWRITEBYTECODE (CI does) otherwise
+    compiles vllm, torch and tpu-inference from source again in every process: run_env drops that variable."""
+    base = cache_base()
+    return {} if base is None else {"PYTHONPYCACHEPREFIX": str(base / PYCACHE)}
 
 
 def partner_answers_dir() -> Path | None:

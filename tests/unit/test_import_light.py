@@ -9,6 +9,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+# Meaningful only where the heavy packages are installed: runs in every environment.
+pytestmark = pytest.mark.every_env
+
 HEAVY = ("jax", "jaxlib", "flax", "maxtext", "MaxText", "tpu_inference", "vllm", "torch", "tensorflow", "numpy")
 
 

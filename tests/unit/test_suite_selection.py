@@ -55,3 +55,35 @@ def test_the_run_says_what_it_left_out(suite, monkeypatch):
             "*2  runs only in maxtext-0.2.5, maxtext-0.2.4",
         ]
     )
+
+
+def _write_unit(p: pytest.Pytester) -> None:
+    (p.path / "tests" / "unit").mkdir()
+    (p.path / "tests" / "unit" / "test_u.py").write_text(
+        "import pytest\n"
+        "def test_plain(): pass\n"
+        "@pytest.mark.every_env\ndef test_installed_matters(): pass\n"
+        "@pytest.mark.envs('maxtext-0.2.5')\ndef test_named(): pass\n"
+    )
+    _write(p, "def test_compat(): pass\n")
+
+
+@pytest.mark.parametrize(
+    ("env", "passed", "deselected"),
+    [
+        ("maxtext-0.2.5", 3, 1),  # the plain unit test is left to the unit environment
+        ("maxtext-0.2.1", 2, 2),  # ... and the marker naming 0.2.5 still rules
+        ("unit", 3, 1),
+        (None, 3, 1),  # outside the matrix: everything but what names an environment
+    ],
+)
+def test_unit_tests_run_in_the_unit_environment_unless_marked_every_env(suite, monkeypatch, env, passed, deselected):
+    if env is None:
+        monkeypatch.delenv("MAXTEXT_COMPAT_ENV", raising=False)
+    else:
+        monkeypatch.setenv("MAXTEXT_COMPAT_ENV", env)
+    _write_unit(suite)
+    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=passed, deselected=deselected)
+    if env == "maxtext-0.2.5":
+        res.stdout.fnmatch_lines(["*1  a unit test: runs in the unit environment"])
