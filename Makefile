@@ -27,7 +27,7 @@ help:
 	@echo "make demo   - set up, then run the main job"
 	@echo "make test   - set up, then run every test in every environment (writes build/compat-report.md)"
 	@echo "make bench  - benchmarks (writes build/bench.md)"
-	@echo "make test-extended - real-model serving beyond make test: 0.2.4, TP=3, 4 concurrent requests"
+	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; full-depth churn and fuzz"
 
 $(TOOLS)/bin/uv:
 	python3 -m venv $(TOOLS)
@@ -55,10 +55,15 @@ demo: envs
 test: envs lint
 	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3
 
-# Real-model serving tests marked `extended` (deselected in make test): ~15 min on the 2-core machine.
+# Tests marked `extended` (deselected in make test: real-model serving beyond its set, and in the backport
+# environment what maxtext-0.2.5 already proves), then the patching churn and the matrix fuzz at full depth.
+DEEP := MAXTEXT_COMPAT_RELIABILITY_CYCLES=10000 MAXTEXT_COMPAT_FUZZ_EXAMPLES=10000
 test-extended: envs
 	MAXTEXT_COMPAT_EXTENDED=1 PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build \
 	  maxtext-0.2.5 maxtext-0.2.4 maxtext-0.1.0-jax011 --pytest-args -m extended
+	$(DEEP) PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3 unit maxtext-0.2.5 maxtext-0.2.4 \
+	  maxtext-0.2.3 maxtext-0.2.2 maxtext-0.1.0 maxtext-0.1.0-jax011 \
+	  --pytest-args -k "fuzzed_documents or real_profile_churns"
 
 bench: envs
 	$(DEV)/bin/python benchmarks/run_all.py --out build

@@ -56,19 +56,35 @@ def _matrix_env_names() -> frozenset[str]:
     return frozenset(load_matrix(Path(_TESTS_DIR).parent / "compat_matrix.yaml").environments)
 
 
+def _marker_envs(item: pytest.Item, name: str) -> tuple[str, ...] | None:
+    """The environments a `name` marker (envs, extended_in) lists; None without the marker."""
+    marker = item.get_closest_marker(name)
+    if marker is None:
+        return None
+    unknown = sorted(set(marker.args) - _matrix_env_names())
+    if unknown or not marker.args:
+        # A typo or a renamed environment would deselect the test everywhere without a word.
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.{name} names {unknown or 'no environment'}; expected names from "
+            f"compat_matrix.yaml {sorted(_matrix_env_names())}; fix the marker or the environment's name"
+        )
+    return marker.args
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """`extended_in(envs)`: in those environments the test is `extended` (so `-m extended` selects it there)."""
+    marker = item.get_closest_marker("extended_in")  # its names are checked with the others, below
+    if marker is not None and ENV_NAME in marker.args:
+        item.add_marker(pytest.mark.extended)
+
+
 def _why_inapplicable(item: pytest.Item) -> str | None:
     """Why this test does not run in this environment (None: it runs)."""
-    envs_marker = item.get_closest_marker("envs")
-    if envs_marker is not None:
-        unknown = sorted(set(envs_marker.args) - _matrix_env_names())
-        if unknown or not envs_marker.args:
-            # A typo or a renamed environment would deselect the test everywhere without a word.
-            raise pytest.UsageError(
-                f"{item.nodeid}: @pytest.mark.envs names {unknown or 'no environment'}; expected names from "
-                f"compat_matrix.yaml {sorted(_matrix_env_names())}; fix the marker or the environment's name"
-            )
-        if ENV_NAME not in envs_marker.args:
-            return f"runs only in {', '.join(envs_marker.args)}"
+    envs = _marker_envs(item, "envs")
+    _marker_envs(item, "extended_in")
+    if envs is not None:
+        if ENV_NAME not in envs:
+            return f"runs only in {', '.join(envs)}"
     elif _is_unit_test(item) and ENV_NAME not in ("", UNIT_ENV) and item.get_closest_marker("every_env") is None:
         return f"a unit test: runs in the {UNIT_ENV} environment"
     if item.get_closest_marker("extended") is not None and os.environ.get(EXTENDED_ENV) != "1":

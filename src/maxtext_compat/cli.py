@@ -123,7 +123,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from maxtext_compat import demo
 
-    return demo.run(as_json=args.json, steps=args.steps, quiet=not args.verbose)
+    return demo.run(as_json=args.json, steps=args.steps, quiet=not args.verbose, real=not args.no_real_model)
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--json", action="store_true")
     dm.add_argument("--steps", type=int, default=16, help="greedy decode steps (default 16)")
     dm.add_argument("--verbose", action="store_true", help="third-party messages on the console, not in a log file")
+    dm.add_argument("--no-real-model", action="store_true", help="leave out the real model (SmolLM2) section")
     dm.set_defaults(func=_cmd_demo)
 
     cv = sub.add_parser(

@@ -15,7 +15,7 @@ from maxtext_compat.convert import LlamaCheckpoint, LlamaShape, to_maxtext  # no
 from maxtext_compat.convert.gguf_llama import check_tensors, expected_shapes, hf_name, unpermute  # noqa: E402
 from maxtext_compat.errors import WeightsMismatchError  # noqa: E402
 
-pytestmark = pytest.mark.envs("maxtext-0.2.5")  # plain numpy; one environment is enough
+pytestmark = pytest.mark.envs("maxtext-0.2.3")  # plain numpy; one environment is enough
 
 SHAPE = LlamaShape(layers=2, hidden=12, mlp=20, heads=3, kv_heads=1, head_dim=4, vocab=30, rope_theta=1e4,
                    rms_eps=1e-5, tied_embeddings=True, context_length=64, bos_token_id=1, eos_token_id=2)  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 
 from maxtext_compat.shims import pallas_interpret_views as views
 
-pytestmark = pytest.mark.envs("maxtext-0.2.5")  # numpy only; once is enough
+pytestmark = pytest.mark.envs("maxtext-0.2.3")  # numpy only; once is enough
 
 
 def _tokenless():

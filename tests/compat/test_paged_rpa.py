@@ -9,6 +9,8 @@ q's value and fails the comparison.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -26,7 +28,10 @@ from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, Kern
 from maxtext_compat.shims import cpu_rpa  # noqa: E402
 
 PAGES, PAGE, TOKENS, SEQS, PER_SEQ = 16, 16, 32, 4, 4
-TOL = {"float32": 1e-5, "bfloat16": 3e-2}
+# bf16 keeps 8 significant bits: the output alone rounds to within 2^-8 of |out| (up to ~4.6 here, 0.018), and the
+# probabilities and V rounded to bf16 add as much again. Measured on tpu-inference 0.20.0, gqa_bf16 over seeds
+# 0-199: max 0.030 (median 0.016); one seed reached 0.044. A kernel that misreads a page is off by O(1).
+TOL = {"float32": 1e-5, "bfloat16": 6e-2}
 SCALE = 128**-0.5  # one sm_scale for the hd128 f32 tests: it is static, a new value recompiles
 
 # (q_len, kv_len) per request, in the caller's order (prefills before decodes: the builder reorders)
@@ -150,7 +155,8 @@ def test_configurations_mixed_batch(name):
     hd64 = hd == 64 and installed_hd64_kernel()  # tpu-inference 0.11 runs head_dim 64 through the v3 kernel
     layout = paged.KVCacheLayout(PAGES, PAGE, nkv, hd, dtype, hd64=None if hd64 else False)
     assert layout.kernel == ("hd64" if hd64 else "v3")
-    step = _step(layout, "mixed", num_q_heads=nq, seed=hash(name) % 1000)
+    # A seed per configuration that every run repeats (hash() of a str changes with each process).
+    step = _step(layout, "mixed", num_q_heads=nq, seed=zlib.crc32(name.encode()) % 1000)
     kw = dict(kw)
     if kw.get("attention_sink") == "random":
         kw["attention_sink"] = jnp.asarray(np.random.default_rng(0).standard_normal(nq) * 2, jnp.float32)

@@ -40,7 +40,7 @@ from maxtext_compat.matrix import (
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
 pytestmark = pytest.mark.envs("unit")
 
-EXAMPLES = int(os.environ.get("MAXTEXT_COMPAT_FUZZ_EXAMPLES", "10000"))
+EXAMPLES = int(os.environ.get("MAXTEXT_COMPAT_FUZZ_EXAMPLES", "2500"))  # make test-extended: 10,000
 PATH = "fuzz/compat_matrix.yaml"
 PWNED = Path("/tmp/maxtext-compat-fuzz-pwned")
 REAL = yaml.safe_load((Path(__file__).resolve().parents[2] / "compat_matrix.yaml").read_text())

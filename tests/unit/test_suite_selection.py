@@ -87,3 +87,33 @@ def test_unit_tests_run_in_the_unit_environment_unless_marked_every_env(suite, m
     res.assert_outcomes(passed=passed, deselected=deselected)
     if env == "maxtext-0.2.5":
         res.stdout.fnmatch_lines(["*1  a unit test: runs in the unit environment"])
+
+
+@pytest.mark.parametrize(
+    ("env", "extended", "passed", "deselected"),
+    [
+        ("maxtext-0.2.5", False, 1, 1),  # extended there: left to make test-extended
+        ("maxtext-0.2.4", False, 2, 0),  # an ordinary test elsewhere
+        ("maxtext-0.2.5", True, 1, 1),  # make test-extended's `-m extended` selects it there...
+        ("maxtext-0.2.4", True, 0, 2),  # ... and not where make test already ran it
+    ],
+)
+def test_extended_in_makes_a_test_extended_in_the_named_environments_only(
+    suite, monkeypatch, env, extended, passed, deselected
+):
+    monkeypatch.setenv("MAXTEXT_COMPAT_ENV", env)
+    if extended:
+        monkeypatch.setenv("MAXTEXT_COMPAT_EXTENDED", "1")
+    else:
+        monkeypatch.delenv("MAXTEXT_COMPAT_EXTENDED", raising=False)
+    _write(suite, "@pytest.mark.extended_in('maxtext-0.2.5')\ndef test_repeat(): pass\ndef test_plain(): pass\n")
+    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider", *(["-m", "extended"] if extended else []))
+    res.assert_outcomes(passed=passed, deselected=deselected)
+
+
+def test_a_typo_in_an_extended_in_marker_is_a_usage_error(suite, monkeypatch):
+    monkeypatch.setenv("MAXTEXT_COMPAT_ENV", "unit")
+    _write(suite, "@pytest.mark.extended_in('maxtext-0.2.55')\ndef test_a(): pass\n")
+    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*mark.extended_in names*maxtext-0.2.55*"])
