@@ -255,7 +255,7 @@ class TestMaxTextOwnAdapter:
         assert got == dense_tokens
 
 
-@pytest.mark.envs("maxtext-0.2.5")  # the CPU shim is release-independent: one env proves it
+@pytest.mark.envs("maxtext-0.2.4")  # the CPU shim is release-independent: one env proves it (the lighter one)
 class TestWithoutCpuRpaShim:
     """A server with the RPA part of the CPU shim switched off starts (random weights) and fails loudly
     on the first request: the plugin's shim is what makes the kernel run on CPU."""
