@@ -191,6 +191,30 @@ def _compiled(fn: Callable[..., Any], row: TpuInferenceRow, mesh: Mesh, static: 
         return compiled
 
 
+# The oldest jax whose Pallas TPU interpreter keeps every device's cache writes with tensor parallelism.
+INTERPRETED_TP_MIN_JAX = "0.9"
+
+
+def _check_interpreted_tensor_parallelism(tp: int) -> None:
+    """Typed refusal of tensor parallelism in interpret mode (CPU) on jax < 0.9.
+
+    Measured (TP=2, the same step 30 times per jax): the returned KV cache lost one device's rows for a
+    token (256 or 2,048 values; the attention output right) in 2 runs on jax 0.7.2 and 3 on jax 0.8.0; none
+    on 0.8.1 or 0.9.2. 0.8.1 runs the same patched interpreter, and 30 clean runs do not rule out that rate,
+    so it is refused too: a wrong cache with no error is the one outcome not allowed."""
+    import jax
+
+    if Version(jax.__version__) >= Version(INTERPRETED_TP_MIN_JAX):
+        return
+    raise KernelUnavailableError(
+        f"tensor parallelism in Pallas TPU interpret mode (CPU) loses KV cache writes on jax {jax.__version__}",
+        argument="mesh",
+        expected=f"a 'model' axis of 1 on CPU with jax < {INTERPRETED_TP_MIN_JAX}",
+        found=f"'model' axis {tp}",
+        fix=f"use tensor parallelism 1 for CPU runs on this jax, or jax >= {INTERPRETED_TP_MIN_JAX}",
+    )
+
+
 def _check_replicated_heads(layout: Any, tp: int, *, interpret: bool) -> None:
     """Typed refusal where jax cannot run the kernel with KV heads replicated over the 'model' axis.
 
@@ -280,6 +304,8 @@ def ragged_paged_attention(
     }  # fmt: skip
     check_features(row, features, label=label)
     cpu = cpu_rpa.on_cpu(mesh.devices.flat)
+    if cpu and tp > 1:
+        _check_interpreted_tensor_parallelism(tp)
     if layout.replication > 1:
         _check_replicated_heads(layout, tp, interpret=cpu)
     if cpu and not cpu_rpa.installed():

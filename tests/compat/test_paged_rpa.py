@@ -203,6 +203,11 @@ def test_tensor_parallel_matches_tp1(tp):
     cache = step.kv_cache if tp == 1 else _relayout(step, base, layout)
     tp_step = type(step)(layout, step.metadata, step.q, step.k, step.v, cache, step.context_k, step.context_v)
     mesh = paged.make_mesh(tp)
+    if tp > 1 and jax_below("0.9"):  # measured: 2 (jax 0.7.2) and 3 (0.8.0) of 30 TP=2 runs lost cache rows
+        with pytest.raises(KernelUnavailableError, match=r"\[mesh\].*loses KV cache writes") as e:
+            _run(tp_step, mesh, sm_scale=SCALE)
+        assert "use tensor parallelism 1" in e.value.fix
+        return
     if layout.replication > 1 and jax_below("0.11.2"):  # measured: 0.9.2 IndivisibleError, 0.10.0-0.11.0 hang
         with pytest.raises(KernelUnavailableError, match=r"\[mesh\].*replicated over the 'model' axis") as e:
             _run(tp_step, mesh, sm_scale=SCALE)

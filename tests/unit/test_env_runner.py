@@ -164,7 +164,14 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
     env_runner.write_reports([], fewer, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["maxtext"] for r in data["mocked_rows"]] == mocked
-    assert "MaxText 0.2.3: pytest-mock tests" in (tmp_path / "compat-report.md").read_text()
+    report = (tmp_path / "compat-report.md").read_text()
+    assert "MaxText 0.2.3: pytest-mock tests" in report and "None:" not in report
+    env_runner.write_reports([], real, tmp_path)
+    report = (tmp_path / "compat-report.md").read_text()
+    assert report.rstrip().endswith(
+        f"None: each of the {len(real.maxtext)} MaxText rows and {len(real.tpu_inference)} tpu-inference ranges is "
+        "installed by an environment of the matrix."
+    )
 
 
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
