@@ -25,12 +25,13 @@ def _write(p: pytest.Pytester, body: str) -> None:
     (p.path / "tests" / "test_x.py").write_text("import pytest\n" + body)
 
 
-def test_a_typo_in_an_envs_marker_is_a_usage_error(suite, monkeypatch):
+@pytest.mark.parametrize("marker", ["envs", "extended_in"])
+def test_a_typo_in_a_marker_naming_environments_is_a_usage_error(suite, monkeypatch, marker):
     monkeypatch.setenv("MAXTEXT_COMPAT_ENV", "unit")
-    _write(suite, "@pytest.mark.envs('maxtext-0.2.55')\ndef test_a(): pass\n")
+    _write(suite, f"@pytest.mark.{marker}('maxtext-0.2.55')\ndef test_a(): pass\n")
     res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
-    res.stderr.fnmatch_lines(["*mark.envs names*maxtext-0.2.55*expected names from compat_matrix.yaml*"])
+    res.stderr.fnmatch_lines([f"*mark.{marker} names*maxtext-0.2.55*expected names from compat_matrix.yaml*"])
 
 
 def test_an_envs_marker_without_names_is_a_usage_error(suite, monkeypatch):
@@ -109,11 +110,3 @@ def test_extended_in_makes_a_test_extended_in_the_named_environments_only(
     _write(suite, "@pytest.mark.extended_in('maxtext-0.2.5')\ndef test_repeat(): pass\ndef test_plain(): pass\n")
     res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider", *(["-m", "extended"] if extended else []))
     res.assert_outcomes(passed=passed, deselected=deselected)
-
-
-def test_a_typo_in_an_extended_in_marker_is_a_usage_error(suite, monkeypatch):
-    monkeypatch.setenv("MAXTEXT_COMPAT_ENV", "unit")
-    _write(suite, "@pytest.mark.extended_in('maxtext-0.2.55')\ndef test_a(): pass\n")
-    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
-    assert res.ret == pytest.ExitCode.USAGE_ERROR
-    res.stderr.fnmatch_lines(["*mark.extended_in names*maxtext-0.2.55*"])
