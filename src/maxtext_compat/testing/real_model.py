@@ -96,10 +96,8 @@ def _reference_key(path: Path) -> str:
     import hashlib
     import json
 
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        digest = hashlib.file_digest(f, "sha256")
     versions = {name: importlib.metadata.version(name) for name in READERS}
     key = json.dumps([digest.hexdigest(), versions, PROMPTS, NEW_TOKENS], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:24]
