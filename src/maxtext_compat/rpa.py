@@ -23,8 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from packaging.version import Version
-
 from maxtext_compat.errors import KernelUnavailableError
 from maxtext_compat.installed_kernel import (
     entry_point,
@@ -191,56 +189,6 @@ def _compiled(fn: Callable[..., Any], row: TpuInferenceRow, mesh: Mesh, static: 
         return compiled
 
 
-# The oldest jax whose Pallas TPU interpreter keeps every device's cache writes with tensor parallelism.
-INTERPRETED_TP_MIN_JAX = "0.9"
-
-
-def _check_interpreted_tensor_parallelism(tp: int) -> None:
-    """Typed refusal of tensor parallelism in interpret mode (CPU) on jax < 0.9.
-
-    Measured (TP=2, the same step 30 times per jax): the returned KV cache lost one device's rows for a
-    token (256 or 2,048 values; the attention output right) in 2 runs on jax 0.7.2 and 3 on jax 0.8.0; none
-    on 0.8.1 or 0.9.2. 0.8.1 runs the same patched interpreter, and 30 clean runs do not rule out that rate,
-    so it is refused too: a wrong cache with no error is the one outcome not allowed."""
-    import jax
-
-    if Version(jax.__version__) >= Version(INTERPRETED_TP_MIN_JAX):
-        return
-    raise KernelUnavailableError(
-        f"tensor parallelism in Pallas TPU interpret mode (CPU) loses KV cache writes on jax {jax.__version__}",
-        argument="mesh",
-        expected=f"a 'model' axis of 1 on CPU with jax < {INTERPRETED_TP_MIN_JAX}",
-        found=f"'model' axis {tp}",
-        fix=f"use tensor parallelism 1 for CPU runs on this jax, or jax >= {INTERPRETED_TP_MIN_JAX}",
-    )
-
-
-def _check_replicated_heads(layout: Any, tp: int, *, interpret: bool) -> None:
-    """Typed refusal where jax cannot run the kernel with KV heads replicated over the 'model' axis.
-
-    Tensor parallelism above the KV head count holds each head several times. Measured: on jax 0.9.2 the
-    compiler's output sharding cannot be turned back into one of the mesh (IndivisibleError from inside the
-    call); on 0.10.0, 0.10.2 and 0.11.0 the Pallas TPU interpreter (CPU) deadlocks in the kernel; 0.11.2
-    runs it. A refusal instead of a hang."""
-    import jax
-
-    version = Version(jax.__version__)
-    if version < Version("0.10"):
-        why, fix_jax = "its sharding conversion fails on the kernel's output (IndivisibleError)", "0.11.2"
-    elif interpret and version < Version("0.11.2"):
-        why, fix_jax = "the Pallas TPU interpreter deadlocks in the kernel", "0.11.2"
-    else:
-        return
-    raise KernelUnavailableError(
-        "KV heads replicated over the 'model' axis (tensor parallelism above the KV head count) cannot run on "
-        f"jax {jax.__version__}{' in interpret mode' if interpret else ''}: {why}",
-        argument="mesh",
-        expected=f"a 'model' axis of at most {layout.num_kv_heads} (the KV heads) with this jax",
-        found=f"'model' axis {tp} over {layout.num_kv_heads} KV heads (each held {layout.replication} times)",
-        fix=f"use tensor parallelism <= {layout.num_kv_heads}, or jax >= {fix_jax}",
-    )
-
-
 def ragged_paged_attention(
     q: Any,
     k: Any,
@@ -267,9 +215,11 @@ def ragged_paged_attention(
     scale folded into q); sliding_window is tpu-inference's attention_chunk_size; out rows past
     the batch's tokens are undefined. `row` overrides the installed release's matrix row.
     """
+    import jax
+
     from maxtext_compat.paged.checks import check_kernel_inputs
     from maxtext_compat.paged.sharding import check_mesh, head_parallelism
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.shims import cpu_rpa, rpa_mesh_limits
 
     if row is None:
         found = installed_rpa()
@@ -304,10 +254,7 @@ def ragged_paged_attention(
     }  # fmt: skip
     check_features(row, features, label=label)
     cpu = cpu_rpa.on_cpu(mesh.devices.flat)
-    if cpu and tp > 1:
-        _check_interpreted_tensor_parallelism(tp)
-    if layout.replication > 1:
-        _check_replicated_heads(layout, tp, interpret=cpu)
+    rpa_mesh_limits.check_mesh(tp, interpret=cpu, jax_version=jax.__version__, num_kv_heads=layout.num_kv_heads)
     if cpu and not cpu_rpa.installed():
         raise KernelUnavailableError(
             "the RPA kernel needs the CPU shim on a CPU backend (Pallas TPU interpret mode + interpreter patch)",

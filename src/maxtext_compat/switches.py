@@ -79,3 +79,21 @@ def env_positive_number(
             fix=f"set {name}={example}, or unset it for {default}",
         )
     return number
+
+
+def env_count(name: str, *, default: int, maximum: int, environ: Mapping[str, str] | None = None) -> int:
+    """Variable `name` as a whole number in [1, maximum]; `default` when unset or empty. `int()` alone would
+    turn "2,000" or "1e4" into a bare ValueError that names no variable, and "0" into a run that checks nothing."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    if raw == "":
+        return default
+    number = int(raw) if raw.isascii() and raw.isdecimal() else 0
+    if not 1 <= number <= maximum:
+        raise InvalidArgumentError(
+            f"{name} is not a whole number from 1 to {maximum:,}",
+            argument=name,
+            expected=f"digits only, 1 to {maximum:,} (e.g. {default})",
+            found=repr(raw),
+            fix=f"set {name}={default}, or unset it for {default}",
+        )
+    return number

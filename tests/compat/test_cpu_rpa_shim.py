@@ -263,3 +263,25 @@ def test_interpret_mode_is_global_and_forced():
     assert cfg.get_global() is not None and cfg.get_global().uninitialized_memory == "nan"
     with cpu_rpa.interpret_mode():
         assert cfg.value is not None
+
+
+def test_a_servers_cpu_mesh_is_refused_where_the_interpreter_loses_tp_writes(monkeypatch):
+    """vLLM calls the kernel past the dispatcher: the CPU serving shim's mesh carries the same refusal."""
+    import importlib
+
+    from maxtext_compat.shims import cpu_serving
+
+    utils = importlib.import_module("tpu_inference.utils")
+    monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "pallas")  # the real kernel, interpreted
+    assert not cpu_serving.installed()
+    cpu_serving.install(parts=("mesh", "rpa"))
+    try:
+        assert utils.make_optimized_mesh((2, 1), ("data", "model"), devices=jax.devices()[:2]).shape["data"] == 2
+        if jax_below("0.9"):
+            with pytest.raises(KernelUnavailableError, match=r"\[mesh\].*loses KV cache writes") as e:
+                utils.make_optimized_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2])
+            assert e.value.fix == "use tensor parallelism 1, or jax >= 0.9"
+        else:
+            assert utils.make_optimized_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2]).shape["model"] == 2
+    finally:
+        cpu_serving.uninstall()

@@ -209,7 +209,7 @@ def test_tensor_parallel_matches_tp1(tp):
         assert "use tensor parallelism 1" in e.value.fix
         return
     if layout.replication > 1 and jax_below("0.11.2"):  # measured: 0.9.2 IndivisibleError, 0.10.0-0.11.0 hang
-        with pytest.raises(KernelUnavailableError, match=r"\[mesh\].*replicated over the 'model' axis") as e:
+        with pytest.raises(KernelUnavailableError, match=r"\[mesh\].*replicated KV heads over the 'model' axis") as e:
             _run(tp_step, mesh, sm_scale=SCALE)
         assert "use tensor parallelism <= 2" in str(e.value)
         return

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,6 +32,7 @@ from maxtext_compat import resolve, shims  # noqa: E402
 from maxtext_compat.adapters.wrapper import adapted_class  # noqa: E402
 from maxtext_compat.convention.signature import native_signature  # noqa: E402
 from maxtext_compat.shims import maxtext_profiles, patching, registry  # noqa: E402
+from maxtext_compat.switches import env_count  # noqa: E402
 
 # The 10,000 install/uninstall cycles on every release. known-defects (0.2.5) has 2 targets;
 # vllm-backport (0.1.0) has 13 and sweeps every imported MaxText module for `from x import f` aliases
@@ -205,7 +205,7 @@ def _originals(name: str) -> tuple[list[str], list[tuple[Any, dict[str, Any]]]]:
 
 
 def test_maxtext_classes_never_fail_while_the_real_profile_churns(profile: str, record_property):
-    cycles = int(os.environ.get(CYCLES_ENV, DEFAULT_CYCLES))
+    cycles = env_count(CYCLES_ENV, default=DEFAULT_CYCLES, maximum=1_000_000)
     targets, before = _originals(profile)
     with Callers(profile, targets) as callers:
         want = {(site, state) for site, states in callers.expected.items() for state in states}

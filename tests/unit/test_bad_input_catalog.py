@@ -35,6 +35,7 @@ from maxtext_compat.errors import (
     IncompatibleVersionsError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    KernelUnavailableError,
     KVCacheNotUpdatedError,
     MatrixError,
     OldConventionError,
@@ -129,6 +130,12 @@ def transformer_with_attention(attention: str) -> Any:
 
 def policy_row(policy: str) -> dict[str, Any]:
     return {"deprecation": dataclasses.replace(matrix().row("0.2.5").deprecation, policy=policy, ends_in="0.9.0")}
+
+
+def mesh_limits(tp: int, *, jax_version: str, num_kv_heads: int | None = None) -> None:
+    from maxtext_compat.shims import rpa_mesh_limits
+
+    rpa_mesh_limits.check_mesh(tp, interpret=True, jax_version=jax_version, num_kv_heads=num_kv_heads)
 
 
 def strict_dropped() -> Any:
@@ -459,6 +466,13 @@ CASES: list[Case] = [
     Case("patch-target-without-colon", "shims", "`PatchSpec('pkg.mod.Class.attr', ...)`",
          lambda: patch_spec("MaxText.layers.attentions.Attention.__call__"), InvalidArgumentError,
          ("[PatchSpec.target]", "module.path:Class.attribute"), "separate the module from the attribute path"),
+    Case("tensor-parallel-interpreted-on-old-jax", "shims", "tensor parallelism 2 on CPU (interpret mode), jax 0.8.0",
+         lambda: mesh_limits(2, jax_version="0.8.0"), KernelUnavailableError,
+         ("[mesh]", "loses KV cache writes", "'model' axis 2"), "use tensor parallelism 1, or jax >= 0.9"),
+    Case("replicated-kv-heads-interpreted-on-old-jax", "shims",
+         "tensor parallelism 4 over 2 KV heads on CPU (interpret mode), jax 0.10.2",
+         lambda: mesh_limits(4, jax_version="0.10.2", num_kv_heads=2), KernelUnavailableError,
+         ("[mesh]", "deadlocks", "each held 2 times"), "use tensor parallelism <= 2, or jax >= 0.11.2"),
     # -- paged cache ---------------------------------------------------------------------------------------------
     Case("page-size-vs-packing", "paged cache", "page_size 15 for a bfloat16 cache (packing 2)",
          lambda: layout(page_size=15, dtype="bfloat16"), InvalidArgumentError, ("[page_size]", "multiple of 2"),

@@ -28,7 +28,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed
     ("shims.registry", "shims.patching", "shims.traced", "shims.profiles"),  # the patching engine (no MaxText)
     # the TPU kernel on CPU
-    ("shims.pallas_interpreter", "shims.pallas_interpret_views", "shims.pallas_interpret_hbm", "shims.cpu_rpa"),
+    (
+        "shims.pallas_interpreter",
+        "shims.pallas_interpret_views",
+        "shims.pallas_interpret_hbm",
+        "shims.cpu_rpa",
+        "shims.rpa_mesh_limits",
+    ),
     ("rpa_xla", "paged", "rpa"),  # paged KV cache and kernel dispatch
     ("convention",),  # the call rule, its kinds table and the 0.1.0 backport
     ("adapters", "shims.maxtext_profiles", "shims.cpu_serving", "shims.cpu_kernel", "shims"),  # the faces users know

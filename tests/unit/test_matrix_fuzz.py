@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,12 @@ from maxtext_compat.matrix import (
     CompatMatrix,
     parse_matrix,
 )
+from maxtext_compat.switches import env_count
 
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
 pytestmark = pytest.mark.envs("unit")
 
-EXAMPLES = int(os.environ.get("MAXTEXT_COMPAT_FUZZ_EXAMPLES", "2500"))  # make test-extended: 10,000
+EXAMPLES = env_count("MAXTEXT_COMPAT_FUZZ_EXAMPLES", default=2_500, maximum=1_000_000)  # make test-extended: 10,000
 PATH = "fuzz/compat_matrix.yaml"
 PWNED = Path("/tmp/maxtext-compat-fuzz-pwned")
 REAL = yaml.safe_load((Path(__file__).resolve().parents[2] / "compat_matrix.yaml").read_text())

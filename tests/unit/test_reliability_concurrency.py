@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import sys
 import textwrap
 import time
@@ -34,11 +33,12 @@ from maxtext_compat.adapters.wrapper import adapted_class
 from maxtext_compat.matrix import ClassRef, MaxTextRow
 from maxtext_compat.shims import maxtext_profiles, patching, profiles, registry
 from maxtext_compat.shims.patching import PatchSpec
+from maxtext_compat.switches import env_count
 
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
 pytestmark = pytest.mark.envs("unit")
 
-CYCLES = int(os.environ.get("MAXTEXT_COMPAT_RELIABILITY_CYCLES", "10000"))
+CYCLES = env_count("MAXTEXT_COMPAT_RELIABILITY_CYCLES", default=10_000, maximum=1_000_000)
 CALLERS = 8
 YIELD_EVERY = 8
 PROFILE = "rel-concurrency"

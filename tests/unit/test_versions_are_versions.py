@@ -17,7 +17,7 @@ from maxtext_compat import resolve
 from maxtext_compat.cli import main as cli_main
 from maxtext_compat.errors import IncompatibleVersionsError, InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import MAX_MATRIX_BYTES, load_matrix, parse_matrix
-from maxtext_compat.switches import parse_flag
+from maxtext_compat.switches import env_count, parse_flag
 
 TEXT = (REPO / "compat_matrix.yaml").read_text()
 MATRIX = shipped_matrix()
@@ -113,6 +113,26 @@ def test_switch_values_that_are_not_on_or_off_are_refused(raw, monkeypatch):
                                          ("", False), (None, False)])  # fmt: skip
 def test_switch_values_that_are_on_or_off(raw, on):
     assert parse_flag("X", raw) is on
+
+
+@pytest.mark.parametrize("raw", ["2,000", "1e4", "0", "-5", " 20", "2.5", "nan", "\u0662", "1000001"])
+def test_counts_that_are_not_whole_numbers_in_range_are_refused(raw):
+    """Found: MAXTEXT_COMPAT_FUZZ_EXAMPLES=2,000 was a bare ValueError naming no variable; 0 ran no example."""
+    with pytest.raises(InvalidArgumentError) as e:
+        env_count(
+            "MAXTEXT_COMPAT_FUZZ_EXAMPLES",
+            default=2_500,
+            maximum=1_000_000,
+            environ={"MAXTEXT_COMPAT_FUZZ_EXAMPLES": raw},
+        )
+    assert e.value.argument == "MAXTEXT_COMPAT_FUZZ_EXAMPLES" and repr(raw) in str(e.value)
+    assert "MAXTEXT_COMPAT_FUZZ_EXAMPLES=2500" in e.value.fix
+
+
+@pytest.mark.parametrize(("raw", "count"), [("1", 1), ("10000", 10_000), ("1000000", 1_000_000), ("", 7)])
+def test_counts_in_range(raw, count):
+    assert env_count("N", default=7, maximum=1_000_000, environ={"N": raw}) == count
+    assert env_count("N", default=7, maximum=10, environ={}) == 7
 
 
 def test_a_fifo_as_the_matrix_is_refused_without_hanging(tmp_path):

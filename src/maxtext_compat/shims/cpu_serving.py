@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import InvalidArgumentError, ServingConfigError
-from maxtext_compat.shims import profiles
+from maxtext_compat.shims import profiles, rpa_mesh_limits
 from maxtext_compat.shims.cpu_kernel import (
     ATTENTION_INTERFACE,
     KERNEL_ENV,
@@ -150,7 +150,11 @@ def _on_cpu_devices(devices: Iterable[Any]) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def _mesh_factory(original: Original) -> Callable[..., Any]:
+def _mesh_factory(original: Original, *, kernel: str | None = None) -> Callable[..., Any]:
+    """A plain mesh of CPU devices; with the real kernel interpreted (`kernel="pallas"`), refused where
+    `rpa_mesh_limits` says the interpreter cannot run its 'model' axis (the server calls the kernel past
+    our dispatcher, so its mesh is where the check can stand)."""
+
     def make_optimized_mesh(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         import jax
         import numpy as np
@@ -171,6 +175,9 @@ def _mesh_factory(original: Original) -> Callable[..., Any]:
                 found=f"{len(devs)} CPU device(s)",
                 fix=f"set XLA_FLAGS=--xla_force_host_platform_device_count={need} before starting vllm serve",
             )
+        if kernel == "pallas":
+            shape = dict(zip(axis_names, (int(s) for s in axis_shapes), strict=False))
+            rpa_mesh_limits.check_mesh(shape.get("model", 1), interpret=True, jax_version=jax.__version__)
         # CPU devices have no coords to sort by; their ids are already in order.
         return Mesh(np.array(devs[:need]).reshape(tuple(int(s) for s in axis_shapes)), tuple(axis_names))
 
@@ -266,7 +273,8 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec 
             specs.append(PatchSpec(f"{ATTENTION_INTERFACE}:{name}", xla_kernel_factory(name), aliases=(),
                                    origin="maxtext_compat.rpa_xla (F3 the kernel's semantics in XLA)"))  # fmt: skip
     if "mesh" in parts:
-        specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", _mesh_factory, origin=f"{origin} (F1 CPU mesh)"))
+        mesh = functools.partial(_mesh_factory, kernel=kernel if "rpa" in parts else None)
+        specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", mesh, origin=f"{origin} (F1 CPU mesh)"))
     if "hbm" in parts:
         specs.append(PatchSpec(f"{UTILS}:get_device_hbm_limit", _hbm_factory, origin=f"{origin} (F2 CPU HBM limit)"))
         specs.append(PatchSpec(f"{UTILS}:hbm_usage_bytes", _hbm_usage_factory,
