@@ -28,6 +28,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from maxtext_compat import envs
+from maxtext_compat.atomic_file import PARTIAL_GLOB
 from maxtext_compat.envmemory import MEMORY_FILE, Admission, PeakSampler, memory_budget_gb, record_peaks, recorded_peaks
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import CompatMatrix, EnvironmentSpec, load_matrix
@@ -209,7 +210,7 @@ HF_REFERENCE = "hf-reference"  # transformers' reading of the real model's file 
 # what they were computed from (our source, the readers' versions), so a change leaves the old ones unreachable.
 UNUSED_CACHE_MAX_AGE_S = 14 * 24 * 3600.0
 # A writer killed mid-write (a timed-out environment's process group) leaves its `.partial` file behind.
-PRUNED_CACHES = {PARTNER_ANSWERS: ("*.npz", "*.partial"), HF_REFERENCE: ("*.safetensors", "*.partial")}
+PRUNED_CACHES = {PARTNER_ANSWERS: ("*.npz", PARTIAL_GLOB), HF_REFERENCE: ("*.safetensors", PARTIAL_GLOB)}
 
 
 def cache_base() -> Path | None:

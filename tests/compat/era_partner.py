@@ -13,11 +13,12 @@ Each OUT holds full, prefill and decoded (float32), written to a temporary name 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from maxtext_compat.atomic_file import replacing
 
 
 def main(argv: list[str]) -> int:
@@ -34,11 +35,9 @@ def main(argv: list[str]) -> int:
     for run in request["runs"]:
         _, result = eras._run(run["variant"], request["era"], weights_in=run["weights"])
         out = Path(run["out"])
-        tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")  # two environments may write the same answer
-        with open(tmp, "wb") as f:
+        with replacing(out) as tmp, open(tmp, "wb") as f:  # two environments may write the same answer
             arrays = dict(zip(("full", "prefill", "decoded"), result, strict=True))
             np.savez(f, **{k: np.asarray(a, np.float32) for k, a in arrays.items()})
-        os.replace(tmp, out)
     return 0
 
 

@@ -22,7 +22,8 @@ MAX_LINES = 520  # "no file over ~500 lines"
 
 # Lowest first. A name covers the module and everything under it; the longest match wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_version", "_lazy", "errors", "progress", "xla_flags", "switches", "envmemory"),  # no package imports
+    # no package imports
+    ("_version", "_lazy", "errors", "progress", "xla_flags", "switches", "envmemory", "atomic_file"),
     ("versions",),  # installed distributions
     ("matrix", "defects"),  # compat_matrix.yaml as typed rows
     ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed

@@ -10,11 +10,11 @@ import ast
 import difflib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from maxtext_compat.atomic_file import replacing
 from maxtext_compat.migrate.callees import Callees, from_matrix
 from maxtext_compat.migrate.codemod import Result, Site, Target, migrate_source
 
@@ -57,18 +57,10 @@ def _read(path: Path) -> tuple[str | None, str | None]:
 
 def write_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text`: a temporary sibling, flushed, then renamed over it (mode kept)."""
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".migrate", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path, mode=path.stat().st_mode & 0o7777) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def module_name(path: Path) -> str | None:

@@ -105,16 +105,16 @@ def _reference_key(path: Path) -> str:
 
 def _save_reference(ref: HfReference, entry: Path) -> None:
     import json
-    import os
 
     from safetensors.torch import save_model
+
+    from maxtext_compat.atomic_file import replacing
 
     config = {k: v for k, v in ref.model.config.to_dict().items() if k != "quantization_config"}
     answers = {"greedy": ref.greedy, "prompt_ids": ref.prompt_ids}
     entry.parent.mkdir(parents=True, exist_ok=True)
-    partial = entry.with_name(f"{entry.name}.{os.getpid()}.partial")
-    save_model(ref.model, str(partial), metadata={"config": json.dumps(config), "answers": json.dumps(answers)})
-    os.replace(partial, entry)  # whole or absent: another environment may read it at the same moment
+    with replacing(entry) as partial:  # whole or absent: another environment may read it at the same moment
+        save_model(ref.model, str(partial), metadata={"config": json.dumps(config), "answers": json.dumps(answers)})
 
 
 def _load_reference(entry: Path) -> HfReference:
