@@ -16,10 +16,11 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export REQUESTS_CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 endif
 
-# Compiled modules outside the tree, as env_runner.bytecode_cache_env gives the test runs: a machine that sets
-# PYTHONDONTWRITEBYTECODE (CI does) would otherwise compile vllm and torch from source in every process.
+# Compiled modules outside the tree, where env_runner.bytecode_cache_env puts the test runs' (make demo does not
+# go through it): a machine that sets PYTHONDONTWRITEBYTECODE (CI does) would otherwise compile vllm and torch
+# from source in every process.
 unexport PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/maxtext-compat/pycache
+export PYTHONPYCACHEPREFIX ?= $(or $(MAXTEXT_COMPAT_COMPILE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/maxtext-compat)/pycache
 
 .PHONY: help setup envs demo test test-extended unit lint bench clean
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from packaging.version import Version
@@ -101,6 +104,24 @@ def test_test_processes_write_bytecode_outside_the_tree_even_where_the_machine_f
     assert (r.status, r.passed) == ("ok", 1), (tmp_path / "build" / "logs").glob("*")
     assert any(p.name.startswith("six.") for p in prefix.rglob("*.pyc"))  # an installed package, compiled once
     assert not list((tmp_path / "envs").rglob("six.*.pyc"))  # nothing written inside the environment
+
+
+@pytest.mark.parametrize(("compile_cache", "xdg"), [(None, None), (None, "xdg"), ("cc", None), ("cc", "xdg")])
+def test_make_demo_compiles_modules_where_the_test_runs_do(compile_cache, xdg, tmp_path):
+    """The Makefile's PYTHONPYCACHEPREFIX (make demo) and env_runner's (make test) are the same folder."""
+    if shutil.which("make") is None:
+        pytest.fail("make is what the README's two commands run: it must be installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "XDG_CACHE_HOME")}
+    env.pop(env_runner.COMPILE_CACHE_VAR, None)
+    if compile_cache:
+        env[env_runner.COMPILE_CACHE_VAR] = str(tmp_path / compile_cache)
+    if xdg:
+        env["XDG_CACHE_HOME"] = str(tmp_path / xdg)
+    show = "print-pycache: ; @echo $$PYTHONPYCACHEPREFIX"
+    made = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(REPO), "--eval", show, "print-pycache"],
+                          env=env, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    with mock.patch.dict(os.environ, env, clear=True):
+        assert made == env_runner.bytecode_cache_env()["PYTHONPYCACHEPREFIX"]
 
 
 def test_a_hung_environment_is_stopped_with_everything_it_started(matrix, tmp_path, monkeypatch):
