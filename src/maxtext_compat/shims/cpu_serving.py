@@ -273,7 +273,7 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec 
             specs.append(PatchSpec(f"{ATTENTION_INTERFACE}:{name}", xla_kernel_factory(name), aliases=(),
                                    origin="maxtext_compat.rpa_xla (F3 the kernel's semantics in XLA)"))  # fmt: skip
     if "mesh" in parts:
-        mesh = functools.partial(_mesh_factory, kernel=kernel if "rpa" in parts else None)
+        mesh = functools.partial(_mesh_factory, kernel=kernel)  # None when the rpa part is left out
         specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", mesh, origin=f"{origin} (F1 CPU mesh)"))
     if "hbm" in parts:
         specs.append(PatchSpec(f"{UTILS}:get_device_hbm_limit", _hbm_factory, origin=f"{origin} (F2 CPU HBM limit)"))

@@ -44,11 +44,13 @@ def check_mesh(tp: int, *, interpret: bool, jax_version: str, num_kv_heads: int 
     """Raise KernelUnavailableError [mesh] when `tp` (the 'model' axis) cannot run the kernel on `jax_version`.
 
     num_kv_heads=None (a server's mesh, built before the model is known) checks the cases that need no heads."""
+    if tp <= 1:  # no limit touches one device; the dispatcher calls this every step
+        return
     version = Version(jax_version)
     for limit in LIMITS:
         if (limit.interpret_only and not interpret) or version >= Version(limit.min_jax):
             continue
-        if limit.case == "tensor parallelism" and tp > 1:
+        if limit.case == "tensor parallelism":
             raise _refusal(
                 limit, jax_version, interpret,
                 expected=f"a 'model' axis of 1 on jax < {limit.min_jax}",
