@@ -22,12 +22,13 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX ?= $(or $(MAXTEXT_COMPAT_COMPILE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/maxtext-compat)/pycache
 
-.PHONY: help setup envs demo test test-extended unit lint bench clean
+.PHONY: help setup envs demo test test-extended unit lint bench docs chromium clean
 
 help:
 	@echo "make demo   - set up, then run the main job"
 	@echo "make test   - set up, then run every test in every environment (writes build/compat-report.md)"
 	@echo "make bench  - benchmarks (writes build/bench.md)"
+	@echo "make docs   - the documentation site, strict (writes build/site/; open build/site/index.html)"
 	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; full-depth churn and fuzz"
 
 $(TOOLS)/bin/uv:
@@ -53,8 +54,20 @@ demo: envs
 	@for env in $$($(MC) envs --json | $(DEV)/bin/python -c 'import json,sys; print(" ".join(e["name"] for e in json.load(sys.stdin) if e["maxtext"]))'); do \
 	  echo; MAXTEXT_COMPAT_ENV=$$env .envs/$$env/bin/maxtext-compat demo || exit $$?; done
 
-test: envs lint
+# The site is built first (a broken link, a missing page or a stale generated page fails it in seconds); Chromium
+# opens the compat report page in tests/unit/test_report_page.py.
+test: envs lint docs chromium
 	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3
+
+# MkDocs + Material, --strict: every warning (a link to a missing page or anchor, a page left out of the nav) fails.
+# docs/hooks.py generates the reference pages (CLI, matrix format, call conventions, catalog, report) at build time.
+docs: setup
+	$(DEV)/bin/mkdocs build --strict --quiet --config-file mkdocs.yml --site-dir build/site
+	@echo "site: build/site/index.html"
+
+# Debian's Chromium for the report page's browser test; nothing to do where it is installed (CI runs as root).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # Tests marked `extended` (deselected in make test: real-model serving beyond its set, and in the backport
 # environment what maxtext-0.2.5 already proves), then the patching churn and the matrix fuzz at full depth.

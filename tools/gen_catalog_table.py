@@ -1,6 +1,6 @@
-"""Write docs/bad-input-catalog.md (and the README's table) from the bad-input catalog the suite runs.
+"""Write docs/bad-input-catalog.md from the bad-input catalog the suite runs.
 
-Why generated: the README's table of bad inputs and the tests that check them must list the
+Why generated: the documented table of bad inputs and the tests that check them must list the
 same cases with the same expected errors. The cases live in tests/unit/test_bad_input_catalog.py
 (no jax) and tests/compat/test_bad_input_catalog_real.py (kernel level); both are importable
 without jax, so this runs in any environment with pytest (`.envs/dev`):
@@ -19,8 +19,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "bad-input-catalog.md"
-README = REPO / "README.md"
-START, END = "<!-- catalog:start (tools/gen_catalog_table.py) -->", "<!-- catalog:end -->"
 SOURCES = {
     "_catalog_unit": REPO / "tests" / "unit" / "test_bad_input_catalog.py",
     "_catalog_kernel": REPO / "tests" / "compat" / "test_bad_input_catalog_real.py",
@@ -92,29 +90,17 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def readme_with_table(readme: str, table: str) -> str:
-    """README.md with the table (the same rows as docs/bad-input-catalog.md) between the catalog markers."""
-    head, sep, rest = readme.partition(START)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise SystemExit(f"README.md has no {START} ... {END} block")
-    rows = table[table.index("| area |") :].rstrip() + "\n"
-    return f"{head}{START}\n{rows}{END}{tail}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the file is stale, write nothing")
     args = parser.parse_args(argv)
     text = render()
-    readme = readme_with_table(README.read_text(), text)
     if args.check:
-        stale = not OUT.exists() or OUT.read_text() != text or README.read_text() != readme
-        print(f"{OUT.relative_to(REPO)} and README.md are {'stale' if stale else 'current'}")
+        stale = not OUT.exists() or OUT.read_text() != text
+        print(f"{OUT.relative_to(REPO)} is {'stale' if stale else 'current'}")
         return 1 if stale else 0
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(text)
-    README.write_text(readme)
     print(f"wrote {OUT.relative_to(REPO)} ({len(load_cases())} cases)")
     return 0
 

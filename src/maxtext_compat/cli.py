@@ -1,4 +1,4 @@
-"""The `maxtext-compat` command line: doctor, resolve, envs, matrix, demo, convert, serve.
+"""The `maxtext-compat` command line: doctor, resolve, envs, matrix, report, demo, convert, migrate, serve.
 
 Why thin: every command is a view over library functions (doctor.collect, resolve,
 envs.build, env_runner.run_matrix) so what the CLI prints is what the tests assert.
@@ -14,6 +14,7 @@ import shlex
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from maxtext_compat.errors import CompatError
 
@@ -109,15 +110,36 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from maxtext_compat import env_runner
 
     results = env_runner.run_matrix(
-        args.names or None, pytest_args=args.pytest_args, build=not args.no_build, jobs=args.jobs
-    )
+        args.names or None, pytest_args=args.pytest_args, build=not args.no_build, jobs=args.jobs,
+        report_dir=args.report_dir,
+    )  # fmt: skip
+    out = args.report_dir or "build"
     print()
     print(env_runner.render_table(results))
-    print("report: build/compat-report.md, build/compat-report.json")
+    print(f"report: {out}/compat-report.html (open it in a browser), {out}/compat-report.md, {out}/compat-report.json")
     if args.record_durations:
         print(f"durations recorded in {env_runner.record_durations(results)}")
     print(env_runner.closing_line(results))
     return env_runner.main_exit_code(results)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from maxtext_compat.matrix import load_matrix
+    from maxtext_compat.report import page
+
+    if not args.results.is_file():
+        raise CompatError(
+            "no results file to draw the report from",
+            argument="--results",
+            expected="the compat-report.json `maxtext-compat matrix` writes",
+            found=str(args.results),
+            fix="run `maxtext-compat matrix` (or `make test`) first, or pass --results PATH",
+        )
+    data = json.loads(args.results.read_text(encoding="utf-8"))
+    out = args.out or args.results.parent
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"report: {page.write(data, load_matrix(), out, screenshot=not args.no_screenshot)}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -143,7 +165,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from maxtext_compat.migrate import files
 
@@ -170,16 +191,37 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# One example per command, shown at the end of its --help (tests/unit/test_cli.py runs the parser on each).
+EXAMPLES: dict[str, str] = {
+    "maxtext-compat": "maxtext-compat resolve --maxtext 0.2.5 --tpu-inference 0.32.0",
+    "doctor": "maxtext-compat doctor --json",
+    "resolve": "maxtext-compat resolve --maxtext 0.2.2 --tpu-inference 0.20.0",
+    "envs": "maxtext-compat envs build maxtext-0.2.5",
+    "matrix": 'maxtext-compat matrix maxtext-0.1.0 maxtext-0.2.5 --pytest-args "$PWD/test_mine.py"',
+    "report": "maxtext-compat report --results build/compat-report.json --out build",
+    "demo": "maxtext-compat demo --steps 4 --no-real-model",
+    "convert": "maxtext-compat convert SmolLM2-135M-Instruct.Q4_1.gguf smollm2/",
+    "migrate": "maxtext-compat migrate mymodel/ --check --diff",
+}
+
+
+def _example(name: str) -> dict[str, object]:
+    """The parser keywords that end a command's help with its example."""
+    return {"epilog": f"example:\n  {EXAMPLES[name]}", "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="maxtext-compat", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="maxtext-compat", description=__doc__.splitlines()[0], **_example("maxtext-compat")
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("doctor", help="installed versions, resolved row, probes, active patches")
+    d = sub.add_parser("doctor", help="installed versions, resolved row, probes, active patches", **_example("doctor"))
     d.add_argument("--json", action="store_true")
     d.add_argument("--strict", action="store_true", help="a probe mismatch is an error")
     d.set_defaults(func=_cmd_doctor)
 
-    r = sub.add_parser("resolve", help="the matrix's decision for a hypothetical combination")
+    r = sub.add_parser("resolve", help="the matrix's decision for a hypothetical combination", **_example("resolve"))
     r.add_argument("--maxtext", required=True)
     r.add_argument("--tpu-inference", dest="tpu_inference")
     r.add_argument("--vllm")
@@ -187,14 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_cmd_resolve)
 
-    e = sub.add_parser("envs", help="the matrix's environments: list, build, python")
+    e = sub.add_parser("envs", help="the matrix's environments: list, build, python", **_example("envs"))
     e.add_argument("action", nargs="?", default="list", choices=["list", "build", "python"])
     e.add_argument("names", nargs="*")
     e.add_argument("--force", action="store_true")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=_cmd_envs)
 
-    mx = sub.add_parser("matrix", help="run the test suite inside every environment and write the report")
+    mx = sub.add_parser(
+        "matrix", help="run the test suite inside every environment and write the report", **_example("matrix")
+    )
     mx.add_argument("names", nargs="*")
     mx.add_argument("--no-build", action="store_true")
     mx.add_argument(
@@ -203,10 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument(
         "--record-durations", action="store_true", help="save each passing environment's time (longest run first)"
     )
+    mx.add_argument(
+        "--report-dir", type=Path, default=None, help="where the reports, junit files and logs go (default: build/)"
+    )
     mx.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
     mx.set_defaults(func=_cmd_matrix)
 
-    dm = sub.add_parser("demo", help="the library in one screen on the installed MaxText (tiny random-weight model)")
+    rp = sub.add_parser(
+        "report", help="write the report page (HTML + screenshot) again from a results file", **_example("report")
+    )
+    rp.add_argument("--results", type=Path, default=Path("build/compat-report.json"), help="what `matrix` wrote")
+    rp.add_argument("--out", type=Path, default=None, help="the folder for compat-report.html (default: beside it)")
+    rp.add_argument("--no-screenshot", action="store_true", help="leave out compat-report.png (needs Chromium)")
+    rp.set_defaults(func=_cmd_report)
+
+    dm = sub.add_parser(
+        "demo", help="the library in one screen on the installed MaxText (tiny random-weight model)", **_example("demo")
+    )
     dm.add_argument("--json", action="store_true")
     dm.add_argument("--steps", type=int, default=16, help="greedy decode steps (default 16)")
     dm.add_argument("--verbose", action="store_true", help="third-party messages on the console, not in a log file")
@@ -216,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv = sub.add_parser(
         "convert",
         help="a Llama-family GGUF file or Hugging Face directory -> a MaxText checkpoint + vLLM model directory",
+        **_example("convert"),
     )
     cv.add_argument("source", help="a .gguf file or a directory with config.json and *.safetensors")
     cv.add_argument("out", help="the model directory to write (all or nothing)")
@@ -226,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--json", action="store_true")
     cv.set_defaults(func=_cmd_convert)
 
-    mg = sub.add_parser("migrate", help="find and rewrite call sites of MaxText layers for the other convention")
+    mg = sub.add_parser(
+        "migrate", help="find and rewrite call sites of MaxText layers for the other convention", **_example("migrate")
+    )
     mg.add_argument("paths", nargs="+", help="files or directories (*.py, recursively)")
     mg.add_argument("--to", choices=["kv_return", "legacy"], default="kv_return",
                     help="kv_return: unpack (out, kv_cache) (MaxText PR #2616); legacy: the bare results")  # fmt: skip

@@ -24,14 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
 from maxtext_compat import envs
 from maxtext_compat.atomic_file import PARTIAL_GLOB
 from maxtext_compat.envmemory import MEMORY_FILE, Admission, PeakSampler, memory_budget_gb, record_peaks, recorded_peaks
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import CompatMatrix, EnvironmentSpec, load_matrix
+from maxtext_compat.report import evidence as report_evidence
+from maxtext_compat.report import page as report_page
 
 ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
 # Seconds each environment's suite took on the reference 2-core machine: the longest start first, so
@@ -397,17 +396,7 @@ def mocked_rows(m: CompatMatrix) -> list[str]:
 
 def pinned_version(env: EnvironmentSpec, package: str) -> str | None:
     """The exact version of `package` an environment installs (`name==X`; an override wins over its pins)."""
-    for lines in (env.overrides, (*env.requirements, *env.no_deps)):
-        for line in lines:
-            try:
-                req = Requirement(line)
-            except InvalidRequirement:  # a path or URL requirement: not a version pin
-                continue
-            if canonicalize_name(req.name) == package:
-                exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
-                if exact:
-                    return exact[0]
-    return None
+    return env.pinned(package)
 
 
 def _pinned(m: CompatMatrix, package: str) -> set[str]:
@@ -428,6 +417,7 @@ def why_not_real(m: CompatMatrix, label: str) -> str:
 
 
 def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) -> None:
+    """compat-report.json, .md and .html (the grid page, with a screenshot when Chromium is installed)."""
     data = {
         "envs": [
             {
@@ -456,8 +446,11 @@ def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) 
             for rng in mocked_tpu_inference_rows(m)
         ],
     }
+    for env in data["envs"]:  # what each proved (a real server, the real kernel), from its junit file
+        env["proofs"] = report_evidence.proofs(out_dir / "junit" / f"{env['name']}.xml")
     (out_dir / "compat-report.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
     (out_dir / "compat-report.md").write_text(render_markdown(results, m), encoding="utf-8")
+    report_page.write(data, m, out_dir)
 
 
 def render_table(results: Sequence[EnvResult]) -> str:

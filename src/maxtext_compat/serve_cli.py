@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="maxtext-compat serve",
         usage="maxtext-compat serve [MODEL] [--tiny] [--dry-run] [--vllm-bin PATH] [vllm serve flags ...]",
         description="vllm serve for MaxText models; MODEL and every vLLM flag are passed through unchanged.",
+        epilog="example:\n  maxtext-compat serve --tiny --served-model-name tiny --port 8000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     add_arguments(p)

@@ -66,6 +66,20 @@ class EnvironmentSpec:
     # Added to the pins (its own or those `like:` copied).
     extra_requirements: Annotated[Pins, Yaml(later=True)] = ()
 
+    def pinned(self, package: str) -> str | None:
+        """The exact version of `package` this environment installs (`name==X`; an override wins over its pins)."""
+        for lines in (self.overrides, (*self.requirements, *self.no_deps)):
+            for line in lines:
+                try:
+                    req = Requirement(line)
+                except InvalidRequirement:  # a path or URL requirement: not a version pin
+                    continue
+                if canonicalize_name(req.name) == canonicalize_name(package):
+                    exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+                    if exact:
+                        return exact[0]
+        return None
+
     def as_dict(self) -> dict[str, Any]:
         """The fields that decide what is installed (the build's spec hash), `like:` and the extras folded in."""
         # `tests` only when set: the spec hash of every environment that runs the whole suite stays as it was.
