@@ -3,6 +3,11 @@
 `import maxtext_compat` is deliberately light: it imports neither jax nor MaxText. Heavy
 pieces (adapters, shims, the paged KV cache) load on first use. Every error class is exported here
 (they all live in `maxtext_compat.errors`), so one import catches any of them.
+
+>>> from importlib.metadata import version
+>>> import maxtext_compat
+>>> maxtext_compat.__version__ == version("maxtext-compat")  # the installed distribution's version
+True
 """
 
 from __future__ import annotations
@@ -83,14 +88,26 @@ __all__ = [
 
 
 def resolve(versions: dict[str, str] | None = None, **kwargs: Any) -> Resolution:
-    """Match installed (versions=None) or given versions to compat_matrix.yaml rows."""
+    """Match installed (versions=None) or given versions to compat_matrix.yaml rows.
+
+    >>> import maxtext_compat
+    >>> res = maxtext_compat.resolve({"maxtext": "0.2.2", "tpu-inference": "0.20.0"})
+    >>> res.convention, res.rpa_call_form()["form"]
+    ('kv_scan_carry', 'flat')
+    """
     from maxtext_compat.resolver import resolve as _resolve
 
     return _resolve(versions, **kwargs)
 
 
 def load_matrix(path: str | None = None) -> CompatMatrix:
-    """Load and validate compat_matrix.yaml (or `path`)."""
+    """Load and validate compat_matrix.yaml (or `path`).
+
+    >>> import maxtext_compat
+    >>> m = maxtext_compat.load_matrix()
+    >>> [row.name for row in m.maxtext][:3], m.row("0.1.0").convention
+    (['0.1.0', '0.2.0', '0.2.1'], 'legacy')
+    """
     from maxtext_compat.matrix import load_matrix as _load
 
     return _load(path)

@@ -15,6 +15,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from maxtext_compat.errors import CompatError
 
@@ -205,7 +206,7 @@ EXAMPLES: dict[str, str] = {
 }
 
 
-def _example(name: str) -> dict[str, object]:
+def _example(name: str) -> dict[str, Any]:
     """The parser keywords that end a command's help with its example."""
     return {"epilog": f"example:\n  {EXAMPLES[name]}", "formatter_class": argparse.RawDescriptionHelpFormatter}
 

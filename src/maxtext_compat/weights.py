@@ -116,8 +116,9 @@ def save_params(source: Any, path: str | Path) -> Path:
     """Write export_params(source) to an .npz file (keys are the '/' paths)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, Any] = export_params(source)  # Any: numpy's stub reads **arrays as its allow_pickle flag
     with open(path, "wb") as f:  # a file object: np.savez would otherwise append '.npz' to other names
-        np.savez(f, **export_params(source))
+        np.savez(f, **arrays)
     return path
 
 

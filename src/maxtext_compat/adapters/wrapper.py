@@ -61,7 +61,20 @@ def kind_of(cls: type, row: MaxTextRow) -> str:
 
 
 def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None = None) -> type:
-    """The subclass of `cls` whose __call__ follows the two-convention call rule (cached)."""
+    """The subclass of `cls` whose __call__ follows the two-convention call rule (cached).
+
+    >>> from maxtext_compat import load_matrix
+    >>> class Attention:  # a stand-in with MaxText 0.2.5's Attention signature and return (no MaxText needed)
+    ...     def __call__(self, inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *,
+    ...                  model_mode="train", kv_cache=None, attention_metadata=None):
+    ...         return "out", kv_cache
+    >>> from maxtext_compat.adapters import adapted_class
+    >>> Compat = adapted_class(Attention, row=load_matrix().row("0.2.5"), kind="attention")
+    >>> issubclass(Compat, Attention), Compat.__name__
+    (True, 'CompatAttention')
+    >>> Compat()("x", "x", model_mode="train"), Compat()("x", "x", kv_cache=None, attention_metadata=None)
+    ('out', ('out', None))
+    """
     if getattr(cls, "_mc_native", None) is not None:
         return cls  # already adapted
     r = _row(row)
@@ -126,6 +139,24 @@ def wrap(
     deprecation / strict override the matrix row's policy and strict mode for this adapter.
     convention declares what the calling code expects ('legacy', 'kv_return' or 'auto'; see
     maxtext_compat.convention.declared); it holds for every instance of a wrapped class.
+
+    With MaxText installed, `wrap(attention)` of your own module is all it takes (the installed release's row is
+    used); here a stand-in with a release's signature shows the rule without MaxText:
+
+    >>> from maxtext_compat import load_matrix
+    >>> class Attention:  # a stand-in with MaxText 0.2.5's Attention signature and return (no MaxText needed)
+    ...     def __call__(self, inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *,
+    ...                  model_mode="train", kv_cache=None, attention_metadata=None):
+    ...         return "out", kv_cache
+    >>> from maxtext_compat.adapters import wrap
+    >>> attention = wrap(Attention, row=load_matrix().row("0.2.5"), kind="attention")()
+    >>> attention("x", "x", model_mode="train")  # an old call, not migrated yet: the old return
+    'out'
+    >>> attention("x", "x", model_mode="train", kv_cache=None, attention_metadata=None)  # a new call
+    ('out', None)
+    >>> both = wrap(Attention, row=load_matrix().row("0.2.5"), kind="attention", convention="kv_return")()
+    >>> both("x", "x", model_mode="train")  # code that always unpacks (out, kv_cache)
+    ('out', None)
     """
     if deprecation is not None and deprecation not in ("ignore", "warn", "error"):
         raise InvalidArgumentError(

@@ -59,7 +59,13 @@ def check(value: object, argument: str) -> str:
 
 
 def set_caller_convention(value: str | None, *, source: str = "set_caller_convention()") -> Declared | None:
-    """Declare the convention of this process's calling code (None removes it); returns the previous one."""
+    """Declare the convention of this process's calling code (None removes it); returns the previous one.
+
+    >>> from maxtext_compat.adapters import set_caller_convention
+    >>> set_caller_convention("kv_return")  # nothing declared before
+    >>> set_caller_convention(None).value  # removed again; the previous declaration comes back
+    'kv_return'
+    """
     declared = None if value is None else Declared(check(value, "convention"), source)
     with _lock:
         previous = _process[0] if _process else None
@@ -74,7 +80,13 @@ def process_convention() -> Declared | None:
 
 @contextmanager
 def caller_convention(value: str) -> Iterator[Declared]:
-    """Declare the caller convention for the calls made inside the block (this thread/task only)."""
+    """Declare the caller convention for the calls made inside the block (this thread/task only).
+
+    >>> from maxtext_compat.adapters import caller_convention
+    >>> with caller_convention("legacy") as declared:  # calls in here get the old returns, KV arguments refused
+    ...     print(declared.value, "|", declared.source)
+    legacy | caller_convention() block
+    """
     declared = Declared(check(value, "convention"), "caller_convention() block")
     token = _scope.set(declared)
     try:

@@ -33,7 +33,18 @@ _seen_sites: set[tuple[str, int]] = set()
 
 
 def set_deprecation_policy(policy: str | None) -> None:
-    """Override the matrix row's policy for this process (None goes back to the row)."""
+    """Override the matrix row's policy for this process (None goes back to the row).
+
+    >>> from maxtext_compat import InvalidArgumentError
+    >>> from maxtext_compat.adapters import set_deprecation_policy
+    >>> set_deprecation_policy("warn")  # every old call through an adapter warns once per call site
+    >>> set_deprecation_policy(None)  # back to the matrix row's policy
+    >>> try:
+    ...     set_deprecation_policy("sometimes")
+    ... except InvalidArgumentError as err:
+    ...     print(err.argument)
+    policy
+    """
     if policy is not None and policy not in POLICIES:
         raise InvalidArgumentError(
             "unknown deprecation policy",
@@ -48,13 +59,29 @@ def set_deprecation_policy(policy: str | None) -> None:
 
 
 def set_strict(strict: bool | None) -> None:
-    """Turn strict mode on/off for this process (None goes back to $MAXTEXT_COMPAT_STRICT)."""
+    """Turn strict mode on/off for this process (None goes back to $MAXTEXT_COMPAT_STRICT).
+
+    Strict mode raises KVCacheNotUpdatedError when a new call's layer returns no KV cache, or returns it unchanged
+    after a step that writes it.
+
+    >>> from maxtext_compat.adapters import set_strict
+    >>> set_strict(True)
+    >>> set_strict(None)
+    """
     with _lock:
         _override["strict"] = strict
 
 
 @contextmanager
 def strict_mode(strict: bool = True) -> Iterator[None]:
+    """Strict mode (see set_strict) for the duration of a `with` block; the previous setting comes back after.
+
+    >>> from maxtext_compat.adapters import strict_mode
+    >>> from maxtext_compat.convention.policy import effective_strict
+    >>> with strict_mode():
+    ...     effective_strict()
+    True
+    """
     previous = _override.get("strict")
     set_strict(strict)
     try:

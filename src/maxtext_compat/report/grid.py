@@ -113,7 +113,7 @@ def build_grid(data: Mapping[str, Any], m: CompatMatrix) -> Grid:
     results = {e["name"]: e for e in data.get("envs", ())}
     releases = sorted(m.maxtext, key=lambda r: r.release, reverse=True)
     rows = (*(r.name for r in releases), KERNEL_ONLY)
-    columns = (NO_TPU_INFERENCE, *(t.label for t in m.tpu_inference))
+    columns = (*(t.label for t in reversed(m.tpu_inference)), NO_TPU_INFERENCE)  # newest first, as the rows
     cells = {(r, c): Cell(r, c) for r in rows for c in columns}
     for env in m.environments.values():
         tpi = env.pinned("tpu-inference")

@@ -43,7 +43,8 @@ STYLE = """
 #mc-report th, #mc-report td { border: 1px solid #cfd8dc; padding: 4px 6px; vertical-align: top; }
 #mc-grid th.col { font-weight: 600; font-size: 12px; white-space: nowrap; }
 #mc-grid th.col small, #mc-grid th.row small { display: block; font-weight: 400; color: #546e7a; }
-#mc-grid td.cell { min-width: 4.5em; text-align: center; font-size: 12px; cursor: default; }
+#mc-grid td.cell { min-width: 4em; text-align: center; font-size: 12px; cursor: default; }
+#mc-grid th.col small { max-width: 7em; white-space: normal; }
 #mc-grid td.cell .state { display: block; font-weight: 600; }
 #mc-grid button.env { display: block; width: 100%; margin: 2px 0; padding: 1px 4px; font: inherit;
   border: 1px solid rgba(0,0,0,.35); border-radius: 3px; background: rgba(255,255,255,.85); color: #1b1b1b;
@@ -137,7 +138,7 @@ def _summary(data: Mapping[str, Any]) -> str:
     if data.get("planned"):
         return (
             '<p class="banner">No test run behind this page: it shows the matrix (what is refused, allowed or '
-            f"mocked) and the {len(envs)} environments `make test` runs, not yet run here. "
+            f"mocked) and the {len(envs)} environments <code>make test</code> runs, not yet run here. "
             "<code>make test</code> (or <code>maxtext-compat matrix</code>) writes the page with results.</p>"
         )
     passed = sum(int(e.get("passed", 0)) for e in envs)
@@ -154,8 +155,8 @@ def _grid(grid: Grid) -> str:
     head = ["<tr><th>MaxText \\ tpu-inference</th>"]
     for col in grid.columns:
         rel = ", ".join(grid.column_releases.get(col, ())) or "no tpu-inference"
-        label = "none" if col == NO_TPU_INFERENCE else col
-        head.append(f'<th class="col" data-range="{_attr(col)}">{escape(label)}<small>{escape(rel)}</small></th>')
+        label = "none" if col == NO_TPU_INFERENCE else "<br>".join(escape(part) for part in col.split(","))
+        head.append(f'<th class="col" data-range="{_attr(col)}">{label}<small>{escape(rel)}</small></th>')
     lines = ['<table id="mc-grid">', "".join(head) + "</tr>"]
     for row in grid.rows:
         conv = grid.conventions.get(row, "no MaxText")
@@ -220,8 +221,8 @@ def render(
 <style>{STYLE}</style>
 {_summary(data)}
 <p id="mc-legend">{legend}</p>
-<p>Rows: MaxText releases (newest first) and the kernel-only environments; columns: the ranges of tpu-inference's
-RPA entry point; in a cell, one chip per environment, labelled by its jax. Hover for the counts, click for the rest.</p>
+<p>Rows: MaxText releases and the kernel-only environments; columns: the ranges of tpu-inference's RPA entry point
+(newest first); in a cell, one chip per environment, labelled by its jax. Hover for the counts, click for the rest.</p>
 {_grid(grid)}
 <div id="mc-details" aria-live="polite">Click an environment for its result.</div>
 <h2>Environments</h2>

@@ -74,6 +74,11 @@ _DECLARATIONS: list[Declarations | None] = [None]
 
 @dataclass(frozen=True)
 class Profile:
+    """A registered profile: its name, the builder of its PatchSpecs, what `doctor` says about it.
+
+    >>> from maxtext_compat import shims; assert shims.Profile("x", lambda: [], "none").description == "none"
+    """
+
     name: str
     builder: ProfileBuilder
     description: str = ""
@@ -91,7 +96,11 @@ _COMPANION_OF: dict[str, str] = {}  # profile -> the companion its install(conve
 
 def register_profile(name: str, builder: ProfileBuilder, *, description: str = "", replace: bool = False) -> None:
     """Register `builder` (returns the PatchSpecs; called at the first install after registering, its
-    specs then kept for the process) under `name`; register again (replace=True) to change them."""
+    specs then kept for the process) under `name`; register again (replace=True) to change them.
+
+    >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], description="no patches")
+    >>> assert shims.registered_profiles()["empty"] == "no patches"; shims.unregister_profile("empty")
+    """
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgumentError(
             "a profile needs a name",
@@ -130,6 +139,11 @@ def register_profile(name: str, builder: ProfileBuilder, *, description: str = "
 
 
 def unregister_profile(name: str) -> None:
+    """Forget a registered profile (uninstall it first: a ProfileError says so).
+
+    >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
+    >>> shims.unregister_profile("empty"); assert "empty" not in shims.registered_profiles()
+    """
     with patching.LOCK:
         _get(name)
         if name in _INSTALLED:
@@ -145,7 +159,10 @@ def unregister_profile(name: str) -> None:
 
 
 def registered_profiles() -> dict[str, str]:
-    """Registered profile names and their descriptions."""
+    """Registered profile names and their descriptions.
+
+    >>> from maxtext_compat import shims; assert "vllm-backport" in shims.registered_profiles()  # MaxText's
+    """
     with patching.LOCK:
         return {name: p.description for name, p in sorted(_PROFILES.items())}
 
@@ -155,6 +172,9 @@ def set_default_profile_chooser(chooser: ProfileChooser | None) -> ProfileChoose
 
     The hook gets the resolved matrix row (`maxtext_compat.resolve()`) and returns a
     registered profile name, or None when the installed MaxText needs no shim.
+
+    >>> from maxtext_compat import shims; previous = shims.set_default_profile_chooser(lambda resolution: None)
+    >>> assert shims.install() is None; _ = shims.set_default_profile_chooser(previous)  # MaxText's chooser back
     """
     if chooser is not None and not callable(chooser):
         raise InvalidArgumentError(
@@ -170,12 +190,19 @@ def set_default_profile_chooser(chooser: ProfileChooser | None) -> ProfileChoose
 
 
 def has_default_profile_chooser() -> bool:
-    """Whether `install()` without a name can pick a profile (the vLLM plugin asks first)."""
+    """Whether `install()` without a name can pick a profile (the vLLM plugin asks first).
+
+    >>> from maxtext_compat import shims; assert shims.has_default_profile_chooser()  # the matrix-driven one
+    """
     return _CHOOSER[0] is not None
 
 
 def default_profile(resolution: Resolution | None = None) -> str | None:
-    """The profile the chooser picks for `resolution` (resolved from the install when None)."""
+    """The profile the chooser picks for `resolution` (resolved from the install when None).
+
+    >>> import maxtext_compat; from maxtext_compat import shims
+    >>> assert shims.default_profile(maxtext_compat.resolve({"maxtext": "0.1.0"})) == "vllm-backport"
+    """
     chooser = _CHOOSER[0]
     if chooser is None:
         raise ProfileError(
@@ -217,6 +244,10 @@ def install(
     None only when the chooser decided no shim is needed. `convention` declares what this
     process's code expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see
     maxtext_compat.convention.declared) until the profile is uninstalled.
+
+    >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
+    >>> patch_set = shims.install("empty"); assert shims.install("empty") is patch_set  # idempotent
+    >>> assert shims.uninstall("empty") == ["empty"]; shims.unregister_profile("empty")  # patching: see PatchSpec
     """
     decl = _DECLARATIONS[0]
     if convention is not None:
@@ -307,6 +338,8 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
     Idempotent: a registered profile that is not installed is a no-op. Every profile is
     checked before any is removed; if another patcher replaced our wrappers this raises
     PatchConflictError and changes nothing, unless `force=True` puts the originals back.
+
+    >>> from maxtext_compat import shims; assert shims.uninstall("vllm-backport") == []  # not installed here: a no-op
     """
     with patching.LOCK:
         if profile is None:
@@ -352,19 +385,30 @@ def _forget_declaration(token: object) -> None:
 
 
 def installed(profile: str | None = None) -> bool:
-    """Whether `profile` (any profile when None) is installed in this process."""
+    """Whether `profile` (any profile when None) is installed in this process.
+
+    >>> from maxtext_compat import shims; assert not shims.installed("vllm-backport")  # not installed here
+    """
     with patching.LOCK:
         return bool(_INSTALLED) if profile is None else profile in _INSTALLED
 
 
 def active_profiles() -> list[str]:
-    """Installed profiles, oldest first."""
+    """Installed profiles, oldest first.
+
+    >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
+    >>> with shims.patched("empty"): assert shims.active_profiles()[-1] == "empty"
+    """
     with patching.LOCK:
         return list(_INSTALLED)
 
 
 def verify(profile: str | None = None) -> dict[str, list[str]]:
-    """Per installed profile, the locations whose wrapper someone else removed or replaced."""
+    """Per installed profile, the locations whose wrapper someone else removed or replaced.
+
+    >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
+    >>> with shims.patched("empty"): assert shims.verify("empty") == {"empty": []}  # nothing drifted
+    """
     with patching.LOCK:
         names = list(_INSTALLED) if profile is None else [n for n in _INSTALLED if n == profile]
         return {name: patching.drift(_INSTALLED[name]) for name in names}
@@ -379,6 +423,10 @@ def patched(
     The blocks of every thread share one count per profile: the profile stays installed while any
     block runs, and the last block out removes it unless `install()` installed it for good (before
     or during the blocks), so nested blocks, threads and plugin-installed shims are safe.
+
+    >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
+    >>> with shims.patched("empty"): assert shims.installed("empty")
+    >>> assert not shims.installed("empty"); shims.unregister_profile("empty")
     """
     name = profile if profile is not None else default_profile(resolution)
     if name is None:

@@ -21,6 +21,22 @@ _COUNTER = itertools.count()
 
 @dataclass(frozen=True)
 class ActivePatch:
+    """One active patch, as `doctor` lists it: what was patched, by what, from which profile.
+
+    >>> import sys, types
+    >>> from maxtext_compat import shims
+    >>> greetings = sys.modules.setdefault("greetings", types.ModuleType("greetings"))  # a module to patch
+    >>> exec("def greet(name):\\n    return 'hello ' + name", greetings.__dict__)
+    >>> def louder(original):  # a factory: gets the Original, returns a wrapt-style wrapper
+    ...     return lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs).upper()
+    >>> shims.register_profile("louder", lambda: [shims.PatchSpec("greetings:greet", louder)], replace=True)
+    >>> with shims.patched("louder"):
+    ...     patch = shims.active_patches()[0]
+    >>> patch.target, patch.profile, patch.origin.endswith("louder")
+    ('greetings:greet', 'louder', True)
+    >>> shims.unregister_profile("louder")
+    """
+
     target: str  # "module:Class.attribute"
     origin: str  # what replaced it ("maxtext_compat.shims.<module>.<function>")
     profile: str  # the shim profile that installed it
@@ -68,7 +84,20 @@ def forget_many(keys: list[tuple[str, str]]) -> None:
 
 
 def active_patches() -> list[ActivePatch]:
-    """Active patches sorted by target, stacked ones in install order (innermost first)."""
+    """Active patches sorted by target, stacked ones in install order (innermost first).
+
+    >>> import sys, types
+    >>> from maxtext_compat import shims
+    >>> greetings = sys.modules.setdefault("greetings", types.ModuleType("greetings"))  # a module to patch
+    >>> exec("def greet(name):\\n    return 'hello ' + name", greetings.__dict__)
+    >>> def louder(original):  # a factory: gets the Original, returns a wrapt-style wrapper
+    ...     return lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs).upper()
+    >>> shims.register_profile("louder", lambda: [shims.PatchSpec("greetings:greet", louder)], replace=True)
+    >>> with shims.patched("louder"):
+    ...     [p.as_dict()["target"] for p in shims.active_patches()]
+    ['greetings:greet']
+    >>> shims.unregister_profile("louder")
+    """
     with _LOCK:
         return [_ACTIVE[k] for k in sorted(_ACTIVE, key=lambda k: (k[0], _ORDER[k]))]
 

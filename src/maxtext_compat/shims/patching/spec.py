@@ -30,6 +30,18 @@ class PatchSpec:
         the target's top-level package for module functions and nothing for class attributes
         (a class-dict patch is already seen through every alias of the class).
     origin: what `doctor` shows as the replacement; defaults to the factory's dotted name.
+
+    >>> import sys, types
+    >>> from maxtext_compat import shims
+    >>> greetings = sys.modules.setdefault("greetings", types.ModuleType("greetings"))  # a module to patch
+    >>> exec("def greet(name):\\n    return 'hello ' + name", greetings.__dict__)
+    >>> def louder(original):  # a factory: gets the Original, returns a wrapt-style wrapper
+    ...     return lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs).upper()
+    >>> shims.register_profile("louder", lambda: [shims.PatchSpec("greetings:greet", louder)], replace=True)
+    >>> spec = shims.PatchSpec("greetings:greet", louder, signature=shims.add_keyword_params("loud"))
+    >>> spec.module, spec.describe_origin().endswith("louder")
+    ('greetings', True)
+    >>> shims.unregister_profile("louder")
     """
 
     target: str
@@ -87,7 +99,21 @@ TargetKind = Literal["function", "method", "staticmethod", "classmethod", "calla
 
 
 class Original(NamedTuple):
-    """What a factory gets: the resolved target before patching (immutable)."""
+    """What a factory gets: the resolved target before patching (immutable).
+
+    >>> import sys, types
+    >>> from maxtext_compat import shims
+    >>> greetings = sys.modules.setdefault("greetings", types.ModuleType("greetings"))
+    >>> exec("def greet(name):\\n    return 'hello ' + name", greetings.__dict__)
+    >>> def show(original):
+    ...     print(original.target, original.kind, original.attribute)
+    ...     return lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs)
+    >>> shims.register_profile("show", lambda: [shims.PatchSpec("greetings:greet", show)], replace=True)
+    >>> with shims.patched("show"):
+    ...     pass
+    greetings:greet function greet
+    >>> shims.unregister_profile("show")
+    """
 
     target: str
     profile: str
@@ -105,6 +131,12 @@ def add_keyword_params(*names: str, default: Any = None) -> Callable[[Callable[.
     Why: vLLM's `supports_kw` and tpu-inference's `_validate_model_interface` read
     `inspect.signature`; a wrapper that accepts `kv_cache` must also show it. Parameters
     go before `**kwargs` when there is one; names already present are left as they are.
+
+    >>> from maxtext_compat.shims import add_keyword_params
+    >>> def attention(x, *, model_mode="train", **kwargs):
+    ...     return x
+    >>> print(add_keyword_params("kv_cache", "attention_metadata")(attention))
+    (x, *, model_mode='train', kv_cache=None, attention_metadata=None, **kwargs)
     """
     for n in names:
         if not n.isidentifier():

@@ -36,7 +36,20 @@ _MAX_CHAIN = 64
 @dataclass(frozen=True, eq=False)
 class PatchSet:
     """The patches one profile installed in this process (wrapped callables and set values); pass it to
-    `remove()`."""
+    `remove()`.
+
+    >>> import sys, types
+    >>> from maxtext_compat import shims
+    >>> greetings = sys.modules.setdefault("greetings", types.ModuleType("greetings"))  # a module to patch
+    >>> exec("def greet(name):\\n    return 'hello ' + name", greetings.__dict__)
+    >>> def louder(original):  # a factory: gets the Original, returns a wrapt-style wrapper
+    ...     return lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs).upper()
+    >>> shims.register_profile("louder", lambda: [shims.PatchSpec("greetings:greet", louder)], replace=True)
+    >>> with shims.patched("louder") as patch_set:
+    ...     patch_set.profile, [p.target for p in patch_set.patches]
+    ('louder', ['greetings:greet'])
+    >>> shims.unregister_profile("louder")
+    """
 
     profile: str
     pid: int
