@@ -61,9 +61,10 @@ test: envs lint docs chromium
 
 # MkDocs + Material, --strict: every warning (a link to a missing page or anchor, a page left out of the nav) fails.
 # tools/mkdocs_hooks.py generates the reference pages (CLI, matrix format, conventions, API, catalog, report) at build
-# time. NO_MKDOCS_2_WARNING: Material's end-of-life notice (docs/about.md says what it means for us).
+# time. NO_MKDOCS_2_WARNING: Material's end-of-life notice (docs/about.md says what it means for us). No --quiet:
+# it hides the warnings from --strict as well (a broken link then passes).
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(DEV)/bin/mkdocs build --strict --quiet --config-file mkdocs.yml --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(DEV)/bin/mkdocs build --strict --config-file mkdocs.yml --site-dir build/site
 	@echo "site: build/site/index.html"
 
 # Debian's Chromium for the report page's browser test; nothing to do where it is installed (CI runs as root).
