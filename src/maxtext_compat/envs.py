@@ -267,6 +267,12 @@ def _populate(spec: EnvironmentSpec, path: Path, uv: list[str], python: str, t0:
         nd = work / "no-deps.txt"
         nd.write_text("\n".join(spec.no_deps) + "\n", encoding="utf-8")
         _run([*uv, "pip", "install", *common, "--no-deps", "-r", str(nd)], spec)
+    other = spec.wheels_for_python
+    if other is not None:
+        # uv picks the wheels of that Python's tags and installs them into this interpreter's site-packages.
+        op = work / "wheels-for-python.txt"
+        op.write_text("\n".join(other.no_deps) + "\n", encoding="utf-8")
+        _run([*uv, "pip", "install", *common, "--python-version", other.python, "--no-deps", "-r", str(op)], spec)
     _run([*uv, "pip", "install", *common, "-e", f"{project_root()}[test]"], spec)
     write_marker(path, spec, python, t0)
 

@@ -18,3 +18,14 @@ MATRIX_FILE = REPO / "compat_matrix.yaml"
 def shipped_matrix() -> CompatMatrix:
     """The repository's compat_matrix.yaml (not $MAXTEXT_COMPAT_MATRIX, not the wheel's copy)."""
     return load_matrix(MATRIX_FILE)
+
+
+def lowest_claimed_python() -> str:
+    """The Python version pyproject.toml's requires-python starts at (`>=3.11` -> "3.11")."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    claim = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    (floor,) = [s.version for s in SpecifierSet(claim) if s.operator == ">="]
+    return floor

@@ -12,9 +12,10 @@ import zipfile
 import pytest
 from env_specs import tiny_spec
 
-from helpers.shipped import REPO
+from helpers.shipped import REPO, lowest_claimed_python, shipped_matrix
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError
+from maxtext_compat.matrix.environments import WheelsForPython
 
 pytestmark = [
     pytest.mark.envs("unit"),  # builds throwaway environments and a wheel: once per matrix run is enough
@@ -72,7 +73,8 @@ def test_spec_hash_depends_on_every_field():
     a = envs.spec_hash(_spec())
     assert a == envs.spec_hash(_spec())
     for change in ({"overrides": ("six==1.16.0",)}, {"no_deps": ("six",)}, {"exclude_newer": None},
-                   {"python": "3.13"}, {"env": {"X": "1"}}):  # fmt: skip
+                   {"python": "3.13"}, {"env": {"X": "1"}},
+                   {"wheels_for_python": WheelsForPython("3.12", ("vllm-tpu==0.25.0",))}):  # fmt: skip
         assert envs.spec_hash(_spec(**change)) != a, change
 
 
@@ -85,9 +87,10 @@ def test_find_python_honours_the_override_and_explains_failure(monkeypatch):
 
 
 def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
+    """Built and installed on the lowest Python the package claims: `import maxtext_compat` works there."""
     uv = shutil.which("uv")
     dist = tmp_path / "dist"
-    py = envs.find_python("3.12")
+    py = envs.find_python(lowest_claimed_python())
     subprocess.run([uv, "build", "--wheel", "--quiet", "--python", py, "-o", str(dist), str(REPO)], check=True)
     (wheel,) = dist.glob("maxtext_compat-*.whl")
     with zipfile.ZipFile(wheel) as z:
@@ -96,7 +99,7 @@ def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "--quiet", "--python", py, str(venv)], check=True)
     subprocess.run([uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel)], check=True)
-    env = {k: v for k, v in os.environ.items() if k != "MAXTEXT_COMPAT_MATRIX"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MAXTEXT_COMPAT_MATRIX", "PYTHONPATH")}
     out = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
          "import maxtext_compat as m; x = m.load_matrix(); print(x.source); "
@@ -105,3 +108,69 @@ def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
     ).stdout.split()  # fmt: skip
     assert "site-packages" in out[0] and out[0].endswith("maxtext_compat/compat_matrix.yaml")
     assert out[1] == "kv_scan_carry"
+    version = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert version == lowest_claimed_python()
+    # One minor version below the claim, the installer refuses the wheel (the claim is declared, not only said).
+    major, minor = lowest_claimed_python().split(".")
+    below = f"{major}.{int(minor) - 1}"
+    old = tmp_path / "below"
+    subprocess.run([uv, "venv", "--quiet", "--python", envs.find_python(below), str(old)], check=True)
+    refused = subprocess.run([uv, "pip", "install", "--python", str(old / "bin" / "python"), str(wheel)],
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode != 0
+    assert f"does not satisfy Python>={lowest_claimed_python()}" in " ".join(refused.stderr.split()), refused.stderr
+
+
+def test_find_python_script_finds_each_version_the_matrix_asks_for():
+    """tools/find-python.sh VERSION (the Makefile's) and envs.find_python agree on every environment's Python."""
+    wanted = sorted({e.python for e in shipped_matrix().environments.values()} | {lowest_claimed_python()})
+    assert len(wanted) >= 2, wanted  # the matrix runs the lowest claimed Python and 3.12 (MaxText >= 0.2)
+    for version in wanted:
+        exe = subprocess.run([str(REPO / "tools" / "find-python.sh"), version], capture_output=True, text=True,
+                             check=True).stdout.strip()  # fmt: skip
+        ran = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        assert ran == version == ".".join(map(str, envs._python_version(envs.find_python(version)) or ()))
+    missing = subprocess.run([str(REPO / "tools" / "find-python.sh"), "3.99"], capture_output=True, text=True)
+    assert missing.returncode == 1 and "no Python 3.99 found" in missing.stderr
+    bad = subprocess.run([str(REPO / "tools" / "find-python.sh"), "3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "major.minor" in bad.stderr
+
+
+def _wheel_for_python_312_only(folder) -> str:
+    """A one-module wheel tagged cp312-none-any (no other Python accepts it), as vllm-tpu's cp312-only wheels."""
+    import base64
+    import hashlib
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tagged312-1.0-cp312-none-any.whl"
+    files = {
+        "tagged312.py": "VALUE = 312\n",
+        "tagged312-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tagged312\nVersion: 1.0\n",
+        "tagged312-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: cp312-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(text.encode())}")
+        record.append("tagged312-1.0.dist-info/RECORD,,")
+        z.writestr("tagged312-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return f"tagged312 @ {path.as_uri()}"
+
+
+def test_wheels_for_another_python_install_into_this_one(envs_dir, tmp_path):
+    """`wheels_for_python` installs a wheel tagged for Python 3.12 only into a 3.11 environment (vllm-tpu's case in
+    tpu-inference-0.25.0); the same pin among the ordinary no_deps is refused by the installer (a typed error)."""
+    pin = _wheel_for_python_312_only(tmp_path / "wheels")
+    spec = _spec(name="other-python", python="3.11", wheels_for_python=WheelsForPython("3.12", (pin,)))
+    envs.build(spec, log=lambda _: None)
+    py = envs.env_python("other-python")
+    out = subprocess.run([py, "-c", "import sys, tagged312; print(sys.version_info[:2], tagged312.VALUE)"],
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert out == "(3, 11) 312"
+    with pytest.raises(EnvironmentBuildError, match="tagged312"):
+        envs.build(_spec(name="same-python", python="3.11", no_deps=(pin,)), log=lambda _: None)

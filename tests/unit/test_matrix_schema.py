@@ -93,6 +93,19 @@ def test_extra_requirements_add_to_own_pins_and_to_copied_ones(doc):
     assert "python" not in d["environments"]["copied"] and copied.python == base.python  # a required key, copied
 
 
+def test_wheels_for_python_are_read_copied_by_like_and_hashed_only_when_set(doc):
+    d = copy.deepcopy(doc)
+    d["environments"]["maxtext-0.2.5"]["wheels_for_python"] = {"python": "3.12", "no_deps": ["vllm-tpu==0.32.0"]}
+    m = parse_matrix(yaml.safe_dump(d, sort_keys=False), "user/compat_matrix.yaml")
+    base, copied = m.environment("maxtext-0.2.5"), m.environment("maxtext-0.2.4")
+    assert base.wheels_for_python is not None
+    assert (base.wheels_for_python.python, base.wheels_for_python.no_deps) == ("3.12", ("vllm-tpu==0.32.0",))
+    assert copied.wheels_for_python == base.wheels_for_python  # `like:` copies it with the other pins
+    assert base.as_dict()["wheels_for_python"] == {"python": "3.12", "no_deps": ["vllm-tpu==0.32.0"]}
+    # Left out of the spec hash's input where unset: adding the field rebuilt no other environment.
+    assert "wheels_for_python" not in load_matrix(MATRIX_FILE).environment("maxtext-0.2.5").as_dict()
+
+
 def test_env_var_points_at_a_user_matrix(tmp_path, monkeypatch, doc):
     own = tmp_path / "mine.yaml"
     d = copy.deepcopy(doc)
@@ -273,6 +286,18 @@ CASES = [
         lambda d: d["environments"].update({"mt-x": {"description": "x", "maxtext": "0.2.4", "like": "unit"}}),
         "environments.mt-x.like",
         "both must name one",
+    ),
+    (
+        "wheels-for-python-bad-pin",
+        lambda d: d["environments"]["tpu-inference-0.25.0"]["wheels_for_python"].update(no_deps=["vllm-tpu=="]),
+        "environments.tpu-inference-0.25.0.wheels_for_python.no_deps[0]",
+        "not valid",
+    ),
+    (
+        "wheels-for-python-without-python",
+        lambda d: d["environments"]["tpu-inference-0.25.0"]["wheels_for_python"].pop("python"),
+        "environments.tpu-inference-0.25.0.wheels_for_python.python",
+        "missing",
     ),
     (
         "shim-bad-version",

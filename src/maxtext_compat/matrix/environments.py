@@ -44,6 +44,19 @@ def read_test_files(node: Node) -> tuple[str, ...]:
 
 Pins = tuple[Annotated[str, Yaml(read=read_requirement)], ...]
 MaxTextRelease = Annotated[str, parsed(normalized_version, "a MaxText release")]
+PythonVersion = Annotated[str, parsed(normalized_version, "a Python version like 3.12")]
+
+
+@dataclass(frozen=True)
+class WheelsForPython:
+    """Pins installed without dependencies from wheels built for another Python version.
+
+    Why: vllm-tpu ships cp312 wheels only (its sdist needs torch to build), yet its Python code runs on
+    3.11, the TPU VM's interpreter; its two compiled helpers are optional. The dependencies it needs are
+    listed in the environment's own requirements."""
+
+    python: PythonVersion
+    no_deps: Pins
 
 
 @dataclass(frozen=True)
@@ -52,10 +65,11 @@ class EnvironmentSpec:
 
     name: Annotated[str, Yaml(given=True)]  # its key under `environments:`
     description: str
-    python: Annotated[str, parsed(normalized_version, "a Python version like 3.12")]
+    python: PythonVersion
     maxtext: MaxTextRelease | None
     requirements: Pins = ()
     no_deps: Pins = ()
+    wheels_for_python: WheelsForPython | None = None  # no-deps pins from wheels of another Python (vllm-tpu on 3.11)
     overrides: tuple[str, ...] = ()
     exclude_newer: FreeText | None = None
     env: Mapping[str, FreeText] = field(default_factory=dict)
@@ -82,8 +96,12 @@ class EnvironmentSpec:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that decide what is installed (the build's spec hash), `like:` and the extras folded in."""
-        # `tests` only when set: the spec hash of every environment that runs the whole suite stays as it was.
-        return ({"tests": list(self.tests)} if self.tests else {}) | {
+        # `tests` and `wheels_for_python` only when set: the spec hashes of the environments without them stay.
+        other = self.wheels_for_python
+        return (
+            ({"tests": list(self.tests)} if self.tests else {})
+            | ({"wheels_for_python": {"python": other.python, "no_deps": list(other.no_deps)}} if other else {})
+        ) | {
             "name": self.name,
             "description": self.description,
             "python": self.python,
@@ -130,6 +148,7 @@ def _inherited(base: EnvironmentSpec, maxtext: str | None) -> dict[str, Any]:
         "python": base.python,
         "requirements": tuple(_repin_maxtext(r, maxtext) for r in base.requirements),
         "no_deps": tuple(_repin_maxtext(r, maxtext) for r in base.no_deps),
+        "wheels_for_python": base.wheels_for_python,
         "overrides": tuple(_repin_maxtext(r, maxtext) for r in base.overrides),
         "exclude_newer": base.exclude_newer,
         "env": dict(base.env),

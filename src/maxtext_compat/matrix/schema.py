@@ -17,12 +17,14 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from maxtext_compat.matrix.yaml_node import Node
+
+T = TypeVar("T")  # a TypeVar, not PEP 695's `def f[T]`: the package runs on Python 3.11
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ PARSED_TYPES: dict[type, tuple[Callable[[str], Any], str]] = {
 }
 
 
-def read_struct[T](cls: type[T], node: Node, *, defaults: Mapping[str, Any] | None = None, **given: Any) -> T:
+def read_struct(cls: type[T], node: Node, *, defaults: Mapping[str, Any] | None = None, **given: Any) -> T:
     """An instance of the dataclass `cls` from the mapping `node` (unknown keys refused first).
 
     `defaults` give fields whose key is absent or null a value (required fields included);
