@@ -123,15 +123,26 @@ def check_config(row: MaxTextRow, tpu_inference: Version | None, config: Any) ->
         raise refusal(row, defect, tpu_inference, config)
 
 
-def describe(statuses_: list[DefectStatus]) -> list[str]:
-    """Doctor's lines: one per defect of the installed row."""
+def describe(
+    statuses_: list[DefectStatus],
+    *,
+    fixed_by: str = "the known-defects shim",
+    refused: str = "refused with a typed error",
+) -> list[str]:
+    """Doctor's lines: one per defect of the installed row (with its upstream file and line when known)."""
     lines = []
     for s in statuses_:
         what = {"yes": "applies", "no": "does not apply", "with-config": "may apply"}[s.applies]
-        remedy = "fixed by the known-defects shim" if s.defect.remedy == "fix" else "refused with a typed error"
+        remedy = f"fixed by {fixed_by}" if s.defect.remedy == "fix" else refused
         tail = f" ({remedy})" if s.applies != "no" else ""
-        lines.append(f"{s.defect.id}: {what} - {s.reason}{tail}")
+        where = f" [{s.defect.upstream}]" if s.defect.upstream else ""
+        lines.append(f"{s.defect.id}: {what} - {s.reason}{tail}{where}")
     return lines
+
+
+def stack_statuses(row: Any, tpu_inference: Version | None) -> list[DefectStatus]:
+    """The serving stack's own defects (the installed tpu-inference range's `known_defects`), for every model."""
+    return [] if row is None else [DefectStatus(d, *version_status(d, tpu_inference)) for d in row.known_defects]
 
 
 # ----------------------------------------------------------------------------------------------

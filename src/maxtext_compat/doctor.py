@@ -42,6 +42,7 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
         report["resolution"] = res.as_dict()
         report["skipped"] = _would_skip(res, m)
         report["known_defects"] = _known_defects(res, m)
+        report["stack_defects"] = _stack_defects(res, m)
     report["callers"] = _caller_convention(res)
     report["rpa_kernel"] = _rpa_kernel()
     report["active_patches"] = _active_patches()
@@ -63,6 +64,21 @@ def _known_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
         {"id": s.defect.id, "applies": s.applies, "remedy": s.defect.remedy, "line": line}
         for s, line in zip(statuses, defects.describe(statuses), strict=True)
     ]
+
+
+def _stack_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
+    """The installed tpu-inference's request defects (any served model): fixed or refused at request time."""
+    from maxtext_compat import defects
+
+    tpi = res.versions.get("tpu_inference")
+    version = None if tpi is None else m.comparable("tpu_inference", tpi.version)
+    statuses = defects.stack_statuses(res.tpu_inference, version)
+    lines = defects.describe(statuses, fixed_by="the serving-requests shim", refused="refused at request time: 400")
+    return [
+        {"id": s.defect.id, "applies": s.applies, "remedy": s.defect.remedy, "upstream": s.defect.upstream or "",
+         "line": line}
+        for s, line in zip(statuses, lines, strict=True)
+    ]  # fmt: skip
 
 
 def _traced_before_install() -> dict[str, list[str]]:
@@ -231,6 +247,10 @@ def render(report: dict[str, Any]) -> str:
     if known:
         lines.append(f"known defects of this MaxText row: {len(known)}")
         lines.extend(f"  {d['line']}" for d in known)
+    stack = report.get("stack_defects") or []
+    if stack:
+        lines.append(f"known defects of the serving stack (tpu-inference, any model served): {len(stack)}")
+        lines.extend(f"  {d['line']}" for d in stack)
     lines.extend(_render_callers(report["callers"]))
     lines.extend(_render_rpa_kernel(report["rpa_kernel"]))
     patches = report["active_patches"]

@@ -207,6 +207,20 @@ class ShimRefusedError(CompatError, RuntimeError):
     """
 
 
+class RequestRefusedError(ShimRefusedError):
+    """A served request asks for a feature the serving stack drops or fails on (a known defect of tpu-inference).
+
+    Inside a vLLM server it is also vLLM's `VLLMValidationError`, so the client gets a 400 with vLLM's error
+    body naming the parameter (shims/serving_requests.py); catch this class in-process.
+
+    >>> from maxtext_compat.errors import RequestRefusedError
+    >>> err = RequestRefusedError("frequency_penalty is ignored by tpu-inference's sampler",
+    ...                           argument="frequency_penalty", found=0.5, fix="leave frequency_penalty at 0")
+    >>> err.argument, isinstance(err, ShimRefusedError)
+    ('frequency_penalty', True)
+    """
+
+
 class CacheCapacityError(InvalidArgumentError):
     """A request needs more KV-cache pages or tokens than the cache (or the padded batch) holds.
 

