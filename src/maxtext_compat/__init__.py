@@ -12,9 +12,12 @@ True
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from maxtext_compat._version import __version__
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import (
     BackendUnavailableError,
     BackportError,
@@ -87,8 +90,15 @@ __all__ = [
 ]
 
 
-def resolve(versions: dict[str, str] | None = None, **kwargs: Any) -> Resolution:
-    """Match installed (versions=None) or given versions to compat_matrix.yaml rows.
+@checked
+def resolve(
+    versions: Mapping[str, str] | None = None,
+    *,
+    matrix: CompatMatrix | None = None,
+    strict: bool = False,
+    probe: bool | None = None,
+) -> Resolution:
+    """Match installed (versions=None) or given versions to compat_matrix.yaml rows (see resolver.resolve).
 
     >>> import maxtext_compat
     >>> res = maxtext_compat.resolve({"maxtext": "0.2.2", "tpu-inference": "0.20.0"})
@@ -97,10 +107,11 @@ def resolve(versions: dict[str, str] | None = None, **kwargs: Any) -> Resolution
     """
     from maxtext_compat.resolver import resolve as _resolve
 
-    return _resolve(versions, **kwargs)
+    return _resolve(versions, matrix=matrix, strict=strict, probe=probe)
 
 
-def load_matrix(path: str | None = None) -> CompatMatrix:
+@checked
+def load_matrix(path: str | os.PathLike[str] | None = None) -> CompatMatrix:
     """Load and validate compat_matrix.yaml (or `path`).
 
     >>> import maxtext_compat

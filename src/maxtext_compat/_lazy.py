@@ -25,6 +25,11 @@ def lazy_face(
     `before_first(module)` runs before a module is imported through the face (e.g. registering built-in
     profiles the first time the profile API is reached)."""
     module = importlib.import_module(face or package)
+    # A name that is also a submodule's would be shadowed by the submodule once it is imported (the import
+    # system sets the attribute), and `from face import name` would hand out the module: refused here.
+    shadowed = sorted(set(exports) & {owner.rpartition(".")[2] for owner in exports.values()})
+    if shadowed:
+        raise ImportError(f"{module.__name__}: exports {shadowed} share their names with submodules; rename one")
 
     def __getattr__(name: str) -> Any:
         owner = exports.get(name)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from maxtext_compat.contract import Array, checked
 from maxtext_compat.errors import KernelUnavailableError
 from maxtext_compat.installed_kernel import (
     entry_point,
@@ -31,10 +32,13 @@ from maxtext_compat.installed_kernel import (
     row_label,
 )
 from maxtext_compat.matrix import TpuInferenceRow
-from maxtext_compat.paged.metadata import metadata_arrays
+from maxtext_compat.paged.checks import Scale, SoftCap, Window
+from maxtext_compat.paged.metadata import Metadata, metadata_arrays
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
+
+__all__ = ["ragged_paged_attention"]
 
 # Values the dispatcher can fill, by the parameter names the matrix uses.
 FILLABLE = frozenset(
@@ -189,18 +193,19 @@ def _compiled(fn: Callable[..., Any], row: TpuInferenceRow, mesh: Mesh, static: 
         return compiled
 
 
+@checked
 def ragged_paged_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    kv_cache: Any,
-    metadata: Any,
+    q: Array,
+    k: Array,
+    v: Array,
+    kv_cache: Array,
+    metadata: Metadata,
     *,
     mesh: Mesh,
-    sm_scale: float = 1.0,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    attention_sink: Any = None,
+    sm_scale: Scale = 1.0,
+    sliding_window: Window | None = None,
+    soft_cap: SoftCap | None = None,
+    attention_sink: Array | None = None,
     update_kv_cache: bool = True,
     use_causal_mask: bool = True,
     row: TpuInferenceRow | None = None,

@@ -276,7 +276,7 @@ def test_unknown_convention_and_cache_keys_name_the_choices(pytester: pytest.Pyt
             "maxtext-compat: [maxtext_convention] unknown MaxText call convention. "
             "Expected: one of ['legacy', 'kv_return', 'kv_scan_carry']. Found: 'kv_carry'.*",
             "maxtext-compat: paged_kv_cache: unknown parameter(s) ['pages']; expected keys among ['num_pages', *",
-            "maxtext-compat: paged_kv_cache: [page_size] layout sizes must be positive*",
+            "maxtext-compat: paged_kv_cache: [page_size] KVCacheLayout: page_size has a value it cannot take*",
             "*maxtext-compat: maxtext_convention is parametrized at collection: request it as an argument*",
         ],
     )

@@ -20,11 +20,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+import maxtext_compat
 from helpers.fake_layers import LAYERS_SOURCE
 from helpers.fake_modules import FakePackage, make_module
 from maxtext_compat import shims
 from maxtext_compat.errors import (
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     PatchConflictError,
     PatchError,
     PatchTargetError,
@@ -560,7 +562,8 @@ def test_default_profile_chooser_gets_the_resolution(fake: Fake):
     with pytest.raises(ProfileError, match="no default-profile chooser"):
         shims.install()
     seen = []
-    row = types.SimpleNamespace(convention="legacy")
+    row = maxtext_compat.resolve({"maxtext": "0.1.0"})  # a Resolution: install(resolution=) is typed
+    assert row.convention == "legacy"
 
     def chooser(resolution):
         seen.append(resolution)
@@ -573,14 +576,17 @@ def test_default_profile_chooser_gets_the_resolution(fake: Fake):
     ps = shims.install(resolution=row)
     assert ps is not None and ps.profile == "p" and seen == [row, row]
     shims.uninstall()
-    assert shims.install(resolution=types.SimpleNamespace(convention="kv_return")) is None
-    with shims.patched(resolution=types.SimpleNamespace(convention="kv_return")) as nothing:
+    newer = maxtext_compat.resolve({"maxtext": "0.2.5"})
+    assert shims.install(resolution=newer) is None
+    with shims.patched(resolution=newer) as nothing:
         assert nothing is None
     shims.set_default_profile_chooser(lambda r: "nope")
     with pytest.raises(ProfileError, match="unknown profile 'nope'"):
         shims.install(resolution=row)
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidArgumentTypeError):  # a wrong type is a TypeError (maxtext_compat.contract)
         shims.set_default_profile_chooser("p")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentTypeError, match=r"\[resolution\]"):
+        shims.install(resolution=types.SimpleNamespace(convention="legacy"))  # type: ignore[arg-type]
 
 
 def test_default_profile_resolves_the_install_when_not_given(mocker):
@@ -614,7 +620,7 @@ def test_profile_registration_errors(fake: Fake):
         shims.uninstall("q")
     with pytest.raises(InvalidArgumentError):
         shims.register_profile("", lambda: [])
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidArgumentTypeError):  # a wrong type is a TypeError (maxtext_compat.contract)
         shims.register_profile("x", "not callable")  # type: ignore[arg-type]
 
 
@@ -643,17 +649,17 @@ def test_empty_profile_installs_nothing_but_is_installed():
     "target", ["pkg.mod", "pkg.mod:", ":f", "pkg..mod:f", "pkg.mod:Cls.", "pkg.mod:f:g", "pkg-mod:f", 3]
 )
 def test_bad_target_strings(target):
-    with pytest.raises(InvalidArgumentError) as err:
+    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError)) as err:  # 3: a wrong type (TypeError)
         PatchSpec(target, tagger("A"))  # type: ignore[arg-type]
-    assert "module.path:Class.attribute" in str(err.value)
+    assert "module.path:Class.attribute" in str(err.value) or (target == 3 and err.value.argument == "target")
 
 
 def test_bad_spec_fields():
-    with pytest.raises(InvalidArgumentError, match="factory"):
+    with pytest.raises(InvalidArgumentTypeError, match="factory"):  # wrong types: TypeErrors (the contract)
         PatchSpec("m:f", "nope")  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError, match="signature"):
+    with pytest.raises(InvalidArgumentTypeError, match="signature"):
         PatchSpec("m:f", tagger("A"), signature="(x)")  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError, match="aliases"):
+    with pytest.raises(InvalidArgumentTypeError, match="aliases"):
         PatchSpec("m:f", tagger("A"), aliases="maxtext")  # type: ignore[arg-type]
 
 

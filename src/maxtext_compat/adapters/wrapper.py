@@ -16,6 +16,7 @@ import inspect
 import threading
 from typing import Any
 
+from maxtext_compat.contract import checked
 from maxtext_compat.convention import declared as callers
 from maxtext_compat.convention.kinds import CLASS_KINDS, kind_named
 from maxtext_compat.convention.rule import (
@@ -60,6 +61,7 @@ def kind_of(cls: type, row: MaxTextRow) -> str:
     return found
 
 
+@checked
 def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None = None) -> type:
     """The subclass of `cls` whose __call__ follows the two-convention call rule (cached).
 
@@ -122,6 +124,7 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
         return adapted
 
 
+@checked
 def wrap(
     module: Any,
     *,

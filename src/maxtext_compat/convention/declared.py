@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import CALLER_CONVENTIONS, MaxTextRow
 
@@ -58,6 +59,7 @@ def check(value: object, argument: str) -> str:
     )
 
 
+@checked
 def set_caller_convention(value: str | None, *, source: str = "set_caller_convention()") -> Declared | None:
     """Declare the convention of this process's calling code (None removes it); returns the previous one.
 
@@ -79,6 +81,7 @@ def process_convention() -> Declared | None:
 
 
 @contextmanager
+@checked
 def caller_convention(value: str) -> Iterator[Declared]:
     """Declare the caller convention for the calls made inside the block (this thread/task only).
 

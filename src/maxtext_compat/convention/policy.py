@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 from packaging.version import Version
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import (
     InvalidArgumentError,
     OldConventionError,
@@ -32,6 +33,7 @@ _override: dict[str, object] = {}
 _seen_sites: set[tuple[str, int]] = set()
 
 
+@checked
 def set_deprecation_policy(policy: str | None) -> None:
     """Override the matrix row's policy for this process (None goes back to the row).
 
@@ -58,6 +60,7 @@ def set_deprecation_policy(policy: str | None) -> None:
         _seen_sites.clear()
 
 
+@checked
 def set_strict(strict: bool | None) -> None:
     """Turn strict mode on/off for this process (None goes back to $MAXTEXT_COMPAT_STRICT).
 
@@ -73,6 +76,7 @@ def set_strict(strict: bool | None) -> None:
 
 
 @contextmanager
+@checked
 def strict_mode(strict: bool = True) -> Iterator[None]:
     """Strict mode (see set_strict) for the duration of a `with` block; the previous setting comes back after.
 

@@ -16,26 +16,28 @@ from typing import Any
 
 import numpy as np
 
+from maxtext_compat.contract import FiniteFloat, PositiveInt, checked
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError
 
 ARCHITECTURES = ("llama",)
 
 
+@checked
 @dataclass(frozen=True)
 class LlamaShape:
     """The hyper-parameters of a Llama-family model, as its GGUF metadata states them."""
 
-    layers: int
-    hidden: int
-    mlp: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    rope_theta: float
-    rms_eps: float
+    layers: PositiveInt
+    hidden: PositiveInt
+    mlp: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    head_dim: PositiveInt
+    vocab: PositiveInt
+    rope_theta: FiniteFloat
+    rms_eps: FiniteFloat
     tied_embeddings: bool
-    context_length: int
+    context_length: PositiveInt
     bos_token_id: int | None
     eos_token_id: int | None
 
@@ -143,6 +145,7 @@ def expected_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
     return out
 
 
+@checked
 @dataclass(frozen=True)
 class LlamaCheckpoint:
     """Hugging Face-named float32 tensors and the shape they belong to."""
@@ -159,6 +162,7 @@ def _dequantized(reader: Any) -> Iterator[tuple[str, np.ndarray]]:
         yield t.name, np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
 
 
+@checked
 def read_gguf(path: str | Path) -> LlamaCheckpoint:
     """Read and dequantize a Llama-family GGUF file; every tensor checked against the metadata's shape."""
     import gguf

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import InvalidArgumentError
 
 CONTROL = 3  # llama.cpp token type of special tokens (<|im_start|>, <|endoftext|>, ...)
@@ -20,6 +21,7 @@ def _strings(reader: Any, key: str) -> list[str]:
     return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
 
 
+@checked
 def tokenizer_from_gguf(reader: Any) -> Any:
     """A `tokenizers.Tokenizer` equal to the model's own (byte-level BPE)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from maxtext_compat.contract import checked
 from maxtext_compat.convert.gguf_llama import LlamaCheckpoint, LlamaShape, check_tensors, expected_shapes
 from maxtext_compat.errors import InvalidArgumentError
 
@@ -82,6 +83,7 @@ def shape_from_config(cfg: dict[str, Any], where: str = "config.json") -> LlamaS
         ) from exc
 
 
+@checked
 def read_hf_dir(path: str | Path) -> LlamaCheckpoint:
     """Read every safetensors shard of a Llama-family model directory as float32; shapes checked."""
     from safetensors import safe_open

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maxtext_compat.contract import checked
 from maxtext_compat.convert.gguf_llama import LlamaCheckpoint
 from maxtext_compat.errors import InvalidArgumentError
 
@@ -28,6 +29,7 @@ TOKENIZERS = ("tokenizer.json", "tokenizer.model")  # one of them must be there 
 WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
+@checked
 @dataclass
 class ConversionResult:
     """What a conversion wrote; `maxtext_config` holds the keys `serve` passes to MaxText."""
@@ -46,6 +48,7 @@ def _is_gguf(path: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
+@checked
 def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
     """(checkpoint, tokenizers.Tokenizer or None, chat template) of a .gguf file or a model directory."""
     p = Path(src)
@@ -128,6 +131,7 @@ def _put_in_place(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@checked
 def convert(
     src: str | Path,
     out: str | Path,

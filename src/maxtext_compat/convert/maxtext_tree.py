@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from maxtext_compat.contract import checked
 from maxtext_compat.convert.gguf_llama import LlamaCheckpoint, LlamaShape
 
 
+@checked
 def maxtext_overrides(shape: LlamaShape) -> dict[str, Any]:
     """The MaxText config keys that describe a model of `shape` (decoder_block llama2, unscanned)."""
     return {
@@ -37,6 +39,7 @@ def maxtext_overrides(shape: LlamaShape) -> dict[str, Any]:
     }
 
 
+@checked
 def to_maxtext(ckpt: LlamaCheckpoint) -> dict[str, np.ndarray]:
     """The flat {path: array} tree of an unscanned MaxText Llama decoder holding `ckpt`'s weights."""
     s, t = ckpt.shape, ckpt.tensors

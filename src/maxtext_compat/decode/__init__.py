@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 from maxtext_compat._lazy import lazy_face
 
 if TYPE_CHECKING:
-    from maxtext_compat.decode.compare import ComparisonRow, compare, format_table, max_logits_diff
+    from maxtext_compat.decode.comparison import ComparisonRow, compare, format_table, max_logits_diff
     from maxtext_compat.decode.dense import check_dense_model, dense_greedy
     from maxtext_compat.decode.greedy import greedy_decode
     from maxtext_compat.decode.paged import PagedEngine, cache_mesh_for, default_buckets, layout_for_model
     from maxtext_compat.decode.types import Buckets, Generation, StepRecord
 
 _EXPORTS = {
-    "ComparisonRow": "compare",
-    "compare": "compare",
-    "format_table": "compare",
-    "max_logits_diff": "compare",
+    "ComparisonRow": "comparison",
+    "compare": "comparison",
+    "format_table": "comparison",
+    "max_logits_diff": "comparison",
     "check_dense_model": "dense",
     "dense_greedy": "dense",
     "greedy_decode": "greedy",

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from maxtext_compat.contract import checked
 from maxtext_compat.decode.timing import TraceCountingJit, timed_call
 from maxtext_compat.decode.types import Generation, StepRecord, check_force, check_prompts, next_inputs
 from maxtext_compat.errors import InvalidArgumentError
@@ -30,6 +31,7 @@ def _forward(graphdef: Any, state: Any, tokens: Any, positions: Any, segments: A
     return model(tokens, positions, decoder_segment_ids=segments, enable_dropout=False)
 
 
+@checked
 def check_dense_model(model: Any) -> None:
     """Typed error unless `model` computes logits over a whole sequence (train mode, no vLLM attention)."""
     cfg = model.config
@@ -44,6 +46,7 @@ def check_dense_model(model: Any) -> None:
         )
 
 
+@checked
 def dense_greedy(
     model: Any,
     prompts: Sequence[Sequence[int]],

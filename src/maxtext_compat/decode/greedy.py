@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import InvalidArgumentError
 
 LogitsFn = Callable[[list[list[int]]], Any]
@@ -27,6 +28,7 @@ def _argmax(row: Sequence[float]) -> int:
     return best_i
 
 
+@checked
 def greedy_decode(
     logits_fn: LogitsFn, prompts: Sequence[Sequence[int]], steps: int, *, length: int, pad_id: int = 0
 ) -> list[list[int]]:

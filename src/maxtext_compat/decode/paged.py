@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from maxtext_compat.contract import PositiveInt, checked
 from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.decode.timing import TraceCountingJit, timed_call
 from maxtext_compat.decode.types import Buckets, Generation, StepRecord, check_force, check_prompts, next_inputs
@@ -24,6 +25,9 @@ from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, Inva
 from maxtext_compat.paged import KVCacheLayout, PageAllocator, SequenceSlice, build_metadata, head_parallelism
 from maxtext_compat.paged.layout import cdiv, dtype_name
 from maxtext_compat.paged.metadata import next_pow2
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 AUTOREGRESSIVE = "autoregressive"  # MaxText's MODEL_MODE_AUTOREGRESSIVE in every release
 
@@ -72,6 +76,7 @@ def on_mesh(state: Any, mesh: Any) -> Any:
     return jax.tree.map(place, state)
 
 
+@checked
 def cache_mesh_for(model: Any) -> Any:
     """The mesh the KV caches live on: the model's own (0.2.x, vllm.yml axes) or the backport's RPA mesh."""
     from maxtext_compat.paged.sharding import check_mesh
@@ -87,13 +92,17 @@ def cache_mesh_for(model: Any) -> Any:
     return rpa_mesh_for(mesh)
 
 
-def layout_for_model(model: Any, *, num_pages: int, page_size: int, mesh: Any = None) -> KVCacheLayout:
+@checked
+def layout_for_model(
+    model: Any, *, num_pages: PositiveInt, page_size: PositiveInt, mesh: Mesh | None = None
+) -> KVCacheLayout:
     """The KV-cache layout of `model`'s attention (heads, head_dim, dtype, TP of the cache mesh)."""
     cfg = model.config
     tp = head_parallelism(mesh) if mesh is not None else 1
     return KVCacheLayout(num_pages, page_size, int(cfg.num_kv_heads), int(cfg.head_dim), dtype_name(cfg.dtype), tp)
 
 
+@checked
 def default_buckets(prompts: Sequence[Sequence[int]], num_steps: int, layout: KVCacheLayout) -> Buckets:
     """Power-of-two buckets that fit this batch (pass Buckets explicitly to pin shapes across batches)."""
     longest = max(len(p) for p in prompts) + num_steps
@@ -104,6 +113,7 @@ def default_buckets(prompts: Sequence[Sequence[int]], num_steps: int, layout: KV
     )
 
 
+@checked
 class PagedEngine:
     """Greedy generation of a batch of prompts through a Transformer's paged-KV call.
 
@@ -120,8 +130,8 @@ class PagedEngine:
         model: Any,
         *,
         layout: KVCacheLayout | None = None,
-        num_pages: int = 32,
-        page_size: int = 16,
+        num_pages: PositiveInt = 32,
+        page_size: PositiveInt = 16,
         buckets: Buckets | None = None,
         context: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:

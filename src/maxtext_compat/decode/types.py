@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from maxtext_compat.contract import PositiveInt, checked
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 StepKind = Literal["prefill", "decode"]
 
 
+@checked
 @dataclass(frozen=True)
 class Buckets:
     """Padded sizes of the paged step: one compiled shape per bucket.
@@ -28,30 +30,17 @@ class Buckets:
     max_num_seqs: sequence slots; pages_per_seq: block-table row length.
     """
 
-    max_num_tokens: int
-    max_num_seqs: int
-    pages_per_seq: int
-    decode_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_tokens", "max_num_seqs", "pages_per_seq", "decode_tokens"):
-            value = getattr(self, name)
-            if value is None and name == "decode_tokens":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(
-                    "bucket sizes are positive ints",
-                    argument=name,
-                    found=repr(value),
-                    fix=f"pass {name} as an int >= 1"
-                    + (", or None to use max_num_tokens" if name == "decode_tokens" else ""),
-                )
+    max_num_tokens: PositiveInt
+    max_num_seqs: PositiveInt
+    pages_per_seq: PositiveInt
+    decode_tokens: PositiveInt | None = None  # None: max_num_tokens
 
     @property
     def decode_rows(self) -> int:
         return self.decode_tokens if self.decode_tokens is not None else self.max_num_tokens
 
 
+@checked
 @dataclass(frozen=True)
 class StepRecord:
     """One model call: logits per prompt (caller order, [new tokens, vocab]) and the next tokens."""
@@ -62,6 +51,7 @@ class StepRecord:
     seconds: float
 
 
+@checked
 @dataclass
 class Generation:
     """Greedy generation of a batch of prompts: 1 prefill step, then decode steps.

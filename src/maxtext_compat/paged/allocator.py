@@ -5,6 +5,12 @@ driving the kernel directly need the same bookkeeping: which physical pages hold
 tokens (in order), how many tokens it has, and what it adds this step. Pages are handed out
 from a free list that can be shuffled, so tests exercise non-contiguous block tables.
 
+Freed pages cannot be written through: every page id the allocator hands out is a `PageId` (an int that
+remembers which allocation of which allocator it came from), so a slice built from pages that were freed and
+handed to another request since is refused with StaleSliceError however it was built (by `append`, or by
+hand from `allocate` / `pages` / `block_table`, sliced or copied into a list). Page ids written as literals
+carry no such memory: they are the caller's own bookkeeping.
+
 Pure python: the unit environment (no numpy/jax) tests it.
 """
 
@@ -16,8 +22,81 @@ import weakref
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, StaleSliceError
+from maxtext_compat.contract import IntSequence, NonNegativeInt, PositiveInt, checked, is_int
+from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError, StaleSliceError
 from maxtext_compat.paged.layout import cdiv
+
+STALE_FIX = (
+    "cut a new slice with PageAllocator.append for every step, and build metadata from it before freeing or "
+    "appending to the request again"
+)
+
+
+class PageId(int):
+    """A page id handed out by a PageAllocator: an int that knows the allocation it belongs to.
+
+    Why an int: it is used wherever a page id is (metadata, numpy, block tables) and survives slicing and
+    copying into lists, so the check below runs on any slice built from it. Pickled or deep-copied it is a
+    plain int (the allocator is not carried along)."""
+
+    _allocator: weakref.ref[PageAllocator]
+    epoch: int
+    request_id: Hashable
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        return int, (int(self),)
+
+    @property
+    def current(self) -> bool:
+        """Still held by the allocation that handed it out (a dead allocator hands no page to anyone)."""
+        allocator = self._allocator()
+        return allocator is None or allocator._epoch.get(int(self)) == self.epoch
+
+    def check(self, where: str) -> None:
+        """StaleSliceError naming `where` unless the page still belongs to the allocation it came from."""
+        if self.current:
+            return
+        allocator = self._allocator()
+        owner = allocator._owner.get(int(self)) if allocator is not None else None
+        now = "is free" if owner is None else f"belongs to request {owner!r} now"
+        raise StaleSliceError(
+            f"page {int(self)} was handed to request {self.request_id!r}, which freed it; it {now}",
+            argument=where,
+            expected=f"pages that request {self.request_id!r} still holds (PageAllocator.pages)",
+            found=f"page {int(self)}, freed after it was read",
+            fix=STALE_FIX,
+        )
+
+
+def _page(allocator: PageAllocator, page: int, epoch: int, request_id: Hashable) -> PageId:
+    p = PageId(page)
+    p._allocator, p.epoch, p.request_id = weakref.ref(allocator), epoch, request_id
+    return p
+
+
+class PageLease:
+    """The hold of a hand-made slice (built from pages an allocator handed out): every page still held.
+
+    Same interface as Lease (`check(where)`, `request_id`), so metadata built from the slice is checked
+    wherever an appended slice's is."""
+
+    __slots__ = ("pages", "request_id")
+
+    def __init__(self, pages: tuple[PageId, ...], request_id: Hashable | None) -> None:
+        self.pages, self.request_id = pages, request_id
+
+    def check(self, where: str) -> None:
+        for page in self.pages:
+            page.check(f"{where}.pages")
+            if self.request_id is not None and page.request_id != self.request_id:
+                raise InvalidArgumentError(
+                    f"page {int(page)} belongs to request {page.request_id!r}, not to this slice's request",
+                    argument=f"{where}.pages",
+                    expected=f"pages of request {self.request_id!r} (PageAllocator.pages({self.request_id!r}))",
+                    found=f"page {int(page)} of request {page.request_id!r}",
+                    fix="build a request's slice from its own pages: writing into another request's pages "
+                    "overwrites its tokens",
+                )
 
 
 class Lease:
@@ -51,24 +130,36 @@ class Lease:
             argument=where,
             expected="a slice from the request's latest PageAllocator.append",
             found=f"a slice of step {self.generation} of request {self.request_id!r}",
-            fix="cut a new slice with PageAllocator.append for every step, and build metadata from it before "
-            "freeing or appending to the request again",
+            fix=STALE_FIX,
         )
 
 
+@checked
 @dataclass(frozen=True)
 class SequenceSlice:
     """One request's part of a step: q_len new tokens that end at kv_len, stored in `pages`.
 
     The new tokens sit at positions [kv_len - q_len, kv_len); `pages[i]` holds positions
-    [i * page_size, (i + 1) * page_size).
+    [i * page_size, (i + 1) * page_size). Types are checked here; the values (q_len >= 1, kv_len >= q_len,
+    enough pages, page ids of the cache) are checked against the layout and the step's other slices by
+    build_metadata, whose errors name the slice's place in the step (seqs[i]).
     """
 
     q_len: int
     kv_len: int
-    pages: tuple[int, ...]
+    pages: IntSequence  # kept as a tuple
     request_id: Hashable | None = None
-    lease: Lease | None = field(default=None, compare=False, repr=False)  # set by PageAllocator.append
+    # Set by PageAllocator.append; for a slice built by hand from an allocator's pages, a PageLease.
+    lease: Lease | PageLease | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pages", tuple(self.pages))
+        for name in ("q_len", "kv_len"):
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy integers become ints
+        if self.lease is None:
+            held = tuple(p for p in self.pages if isinstance(p, PageId))
+            if held:
+                object.__setattr__(self, "lease", PageLease(held, self.request_id))
 
     @property
     def context_len(self) -> int:
@@ -80,33 +171,37 @@ class SequenceSlice:
         return self.q_len == 1
 
     def check_current(self, where: str = "seq") -> None:
-        """StaleSliceError when the allocator freed the request or cut a newer step since (hand-made: no check)."""
+        """StaleSliceError when the allocator freed the request or cut a newer step since, or (built by hand
+        from an allocator's pages) when a page was freed since; pages written as literals are not checked."""
         if self.lease is not None:
             self.lease.check(where)
 
 
+@checked
 class PageAllocator:
     """Hands out pages of one cache to requests and remembers each request's token count."""
 
     def __init__(
         self,
-        num_pages: int,
-        page_size: int,
+        num_pages: PositiveInt,
+        page_size: PositiveInt,
         *,
         seed: int | None = None,
         reserved: Iterable[int] = (),
     ) -> None:
         """seed: shuffle the free list (None keeps pages in order); reserved: never handed out."""
-        if num_pages < 1 or page_size < 1:
-            raise InvalidArgumentError(
-                "the cache needs at least one page of at least one token",
-                argument="num_pages/page_size",
-                expected="num_pages >= 1 and page_size >= 1",
-                found=f"num_pages={num_pages}, page_size={page_size}",
-                fix="pass the num_pages and page_size of the cache's KVCacheLayout (both >= 1), "
-                "e.g. PageAllocator(layout.num_pages, layout.page_size)",
-            )
+        num_pages, page_size = int(num_pages), int(page_size)
         keep = set(reserved)
+        odd = [p for p in keep if not is_int(p)]
+        if odd:
+            raise InvalidArgumentTypeError(
+                "reserved page ids must be ints",
+                argument="reserved",
+                expected="page ids as ints (Python or numpy integers)",
+                found=repr(sorted(odd, key=repr)),
+                fix="pass reserved as ints, e.g. reserved=[0]; a float page id is never rounded",
+            )
+        keep = {int(p) for p in keep}
         bad = sorted(p for p in keep if not 0 <= p < num_pages)
         if bad:
             raise InvalidArgumentError(
@@ -126,6 +221,9 @@ class PageAllocator:
         self._tokens: dict[Hashable, int] = {}
         self._generation: dict[Hashable, int] = {}  # the step of each live request's latest slice
         self._steps = itertools.count(1)
+        self._epoch: dict[int, int] = {}  # page -> the allocation that holds it (its PageIds carry the same)
+        self._owner: dict[int, Hashable] = {}  # page -> the request that holds it
+        self._allocations = itertools.count(1)
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -144,16 +242,8 @@ class PageAllocator:
 
     # -- changes --------------------------------------------------------------------------------
 
-    def allocate(self, request_id: Hashable, num_tokens: int) -> tuple[int, ...]:
-        """Make sure `request_id` has pages for `num_tokens` tokens in total; returns its pages."""
-        if num_tokens < 0:
-            raise InvalidArgumentError(
-                "token count must be >= 0",
-                argument="num_tokens",
-                expected=">= 0",
-                found=num_tokens,
-                fix="pass the request's total token count (cached tokens + new tokens), 0 or more",
-            )
+    def allocate(self, request_id: Hashable, num_tokens: NonNegativeInt) -> tuple[int, ...]:
+        """Make sure `request_id` has pages for `num_tokens` tokens in total; returns its pages (PageIds)."""
         pages = self._pages.setdefault(request_id, [])
         need = cdiv(num_tokens, self.page_size) - len(pages)
         if need > len(self._free):
@@ -167,19 +257,13 @@ class PageAllocator:
                 fix="free finished requests (PageAllocator.free) or allocate a cache with more pages",
             )
         for _ in range(max(0, need)):
-            pages.append(self._free.pop())
+            page, epoch = self._free.pop(), next(self._allocations)
+            self._epoch[page], self._owner[page] = epoch, request_id
+            pages.append(_page(self, page, epoch, request_id))
         return tuple(pages)
 
-    def append(self, request_id: Hashable, q_len: int) -> SequenceSlice:
+    def append(self, request_id: Hashable, q_len: PositiveInt) -> SequenceSlice:
         """Add q_len new tokens to a request (prefill or decode); returns its slice of the step."""
-        if q_len < 1:
-            raise InvalidArgumentError(
-                "a request in a step adds at least one token",
-                argument="q_len",
-                expected=">= 1",
-                found=q_len,
-                fix="pass q_len >= 1 (the new tokens of this step), or leave the request out of the step",
-            )
         kv_len = self.num_tokens(request_id) + q_len
         pages = self.allocate(request_id, kv_len)
         self._tokens[request_id] = kv_len
@@ -190,9 +274,13 @@ class PageAllocator:
         pages = self._pages.pop(self._known(request_id))
         self._tokens.pop(request_id, None)
         self._generation.pop(request_id, None)
-        self._free.extend(reversed(pages))
+        for page in pages:
+            del self._epoch[int(page)], self._owner[int(page)]
+        self._free.extend(int(p) for p in reversed(pages))
 
-    def block_table(self, request_ids: Sequence[Hashable], pages_per_seq: int, *, pad: int = 0) -> list[list[int]]:
+    def block_table(
+        self, request_ids: Sequence[Hashable], pages_per_seq: PositiveInt, *, pad: NonNegativeInt = 0
+    ) -> list[list[int]]:
         """One row of `pages_per_seq` page ids per request (padded with `pad`, never read by the kernel)."""
         rows = []
         for rid in request_ids:

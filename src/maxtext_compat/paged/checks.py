@@ -8,13 +8,32 @@ metadata values only when the arrays are concrete (a tracer has no values to che
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Annotated, Any
 
+from maxtext_compat.contract import Array, PositiveInt, Rule, checked
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.paged.layout import KVCacheLayout, dtype_name, kv_heads_for_tp, layout_for
 from maxtext_compat.paged.metadata import check_metadata
 
 METADATA_NAMES = ("kv_lens", "page_indices", "cu_q_lens", "distribution")
+
+# The kernel options' value rules (the dispatcher and this check share them).
+Window = Annotated[
+    int,
+    Rule("an int >= 1 (the window in tokens)", lambda x: x >= 1,
+         "pass {name}=None for full attention, or the window size in tokens (>= 1)"),
+]  # fmt: skip
+SoftCap = Annotated[
+    float,
+    Rule("a finite, non-zero number (soft_cap 0 divides by zero)", lambda x: math.isfinite(x) and x != 0,
+         "pass {name}=None for no logit capping, or the cap value (e.g. 50.0)"),
+]  # fmt: skip
+Scale = Annotated[
+    float,
+    Rule("a finite number (a NaN or infinite scale makes every output row NaN)", lambda x: math.isfinite(x),
+         "pass {name} as a finite float: 1.0 when the scale is folded into q (MaxText does), else head_dim ** -0.5"),
+]  # fmt: skip
 
 
 def is_concrete(x: Any) -> bool:
@@ -23,21 +42,22 @@ def is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+@checked
 def check_kernel_inputs(
-    q: Any,
-    k: Any,
-    v: Any,
-    kv_cache: Any,
-    kv_lens: Any,
-    page_indices: Any,
-    cu_q_lens: Any,
-    distribution: Any,
+    q: Array,
+    k: Array,
+    v: Array,
+    kv_cache: Array,
+    kv_lens: Array,
+    page_indices: Array,
+    cu_q_lens: Array,
+    distribution: Array,
     *,
-    tp: int = 1,
+    tp: PositiveInt = 1,
     hd64_kernel: bool = True,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    attention_sink: Any = None,
+    sliding_window: Window | None = None,
+    soft_cap: SoftCap | None = None,
+    attention_sink: Array | None = None,
     host_values: tuple[Any, Any, Any, Any] | None = None,
 ) -> KVCacheLayout:
     """Raise a typed error naming the bad argument; returns the cache layout the kernel will expect.
@@ -158,22 +178,6 @@ def check_kernel_inputs(
             found=f"length {page_indices.shape[0]}",
             fix="pass page_indices as the block table flattened to max_num_seqs * pages_per_seq entries "
             f"({max_num_seqs} rows, each padded to pages_per_seq entries, e.g. with page 0)",
-        )
-    if sliding_window is not None and (isinstance(sliding_window, bool) or int(sliding_window) <= 0):
-        raise InvalidArgumentError(
-            "sliding_window must be a positive int or None",
-            argument="sliding_window",
-            expected="None or an int >= 1",
-            found=repr(sliding_window),
-            fix="pass sliding_window=None for full attention, or the window size in tokens (>= 1)",
-        )
-    if soft_cap is not None and float(soft_cap) == 0.0:
-        raise InvalidArgumentError(
-            "soft_cap 0 divides by zero",
-            argument="soft_cap",
-            expected="None or a non-zero float",
-            found=soft_cap,
-            fix="pass soft_cap=None for no logit capping, or the cap value (e.g. 50.0)",
         )
     if attention_sink is not None and tuple(attention_sink.shape) != (num_q_heads,):
         raise InvalidArgumentError(

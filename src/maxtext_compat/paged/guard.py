@@ -16,7 +16,6 @@ it was built for this cache's page size.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from maxtext_compat.switches import env_flag
 # On by default. Off: a jitted step holds no host callback (the adapter then adds no op to MaxText's own
 # program), and its metadata is checked only where it is concrete (eager calls, the dispatcher).
 TRACED_CHECKS_ENV = "MAXTEXT_COMPAT_TRACED_KV_CHECKS"
+NO_ROW_LIMIT = 2**31 - 1  # no positions given: the token rows are not known here (the kernel's int32 bound)
 
 
 def _concrete(x: Any) -> bool:
@@ -79,7 +79,7 @@ def _check_values(
         np.asarray(distribution).tolist(),
         num_pages=int(num_pages),
         page_size=int(page_size),
-        max_num_tokens=math.inf if flat is None else len(flat),  # type: ignore[arg-type]
+        max_num_tokens=NO_ROW_LIMIT if flat is None else max(1, len(flat)),
         input_positions=flat,
         positions_name="positions",
     )

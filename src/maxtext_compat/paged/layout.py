@@ -26,9 +26,10 @@ Pure python (no numpy/jax at import) so the unit environment can test the arithm
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.contract import Array, NonNegativeInt, PositiveInt, Rule, checked
+from maxtext_compat.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -84,7 +85,20 @@ def dtype_bits(dtype: Any, *, argument: str = "dtype") -> int:
     return FLOAT_BITS[name]
 
 
-def kv_heads_for_tp(num_kv_heads: int, tp: int) -> int:
+def _dtype_like(x: object) -> bool:
+    return isinstance(x, (str, type)) or hasattr(x, "name") or hasattr(x, "dtype")
+
+
+# A dtype or its name; which dtypes the kernel takes is a value check (dtype_bits names them).
+DType = Annotated[
+    Any,
+    Rule("a dtype or its name ('float32', 'bfloat16', jnp.float32, ...)", _dtype_like,
+         "pass {name} as a dtype name such as 'float32' or 'bfloat16'", is_type=True),
+]  # fmt: skip
+
+
+@checked
+def kv_heads_for_tp(num_kv_heads: PositiveInt, tp: PositiveInt) -> int:
     """KV heads the cache holds under tensor parallelism (tpu-inference `get_num_kv_heads_by_tp`)."""
     if tp <= num_kv_heads:
         if num_kv_heads % tp:
@@ -108,6 +122,7 @@ def kv_heads_for_tp(num_kv_heads: int, tp: int) -> int:
     return tp
 
 
+@checked
 @dataclass(frozen=True)
 class KVCacheLayout:
     """Geometry of one layer's paged KV cache for the installed RPA kernel.
@@ -117,36 +132,18 @@ class KVCacheLayout:
     tpu-inference >= 0.12 does; 0.11.x has no hd64 kernel: pass hd64=False).
     """
 
-    num_pages: int
-    page_size: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str = "float32"
-    tp: int = 1
+    num_pages: PositiveInt
+    page_size: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    dtype: DType = "float32"  # kept as its name
+    tp: PositiveInt = 1
     hd64: bool | None = None
     _resolved_hd64: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "num_kv_heads", "head_dim", "tp"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgumentTypeError(
-                    "layout sizes must be ints",
-                    argument=name,
-                    expected="a positive int",
-                    found=f"{value!r} ({type(value).__name__})",
-                    fix=f"pass {name} as a plain Python int, e.g. {name}=int(...)",
-                )
-            if value < 1:
-                raise InvalidArgumentError(
-                    "layout sizes must be positive",
-                    argument=name,
-                    expected=">= 1",
-                    found=value,
-                    fix=f"pass {name} >= 1"
-                    + (" (a cache needs at least one page)" if name == "num_pages" else "")
-                    + (" (1 means no tensor parallelism)" if name == "tp" else ""),
-                )
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy integers become ints
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         bits = dtype_bits(self.dtype)
         packing = 32 // bits
@@ -240,10 +237,10 @@ class KVCacheLayout:
     def capacity_tokens(self) -> int:
         return self.num_pages * self.page_size
 
-    def pages_for(self, num_tokens: int) -> int:
+    def pages_for(self, num_tokens: NonNegativeInt) -> int:
         return cdiv(num_tokens, self.page_size)
 
-    def with_tp(self, tp: int) -> KVCacheLayout:
+    def with_tp(self, tp: PositiveInt) -> KVCacheLayout:
         return KVCacheLayout(
             self.num_pages, self.page_size, self.num_kv_heads, self.head_dim, self.dtype, tp, self._resolved_hd64
         )
@@ -284,7 +281,7 @@ class KVCacheLayout:
 
     # -- arrays (need jax) ----------------------------------------------------------------------
 
-    def check_cache(self, kv_cache: Any, *, argument: str = "kv_cache") -> None:
+    def check_cache(self, kv_cache: Array, *, argument: str = "kv_cache") -> None:
         """Raise a typed error unless `kv_cache` has exactly this layout's shape and dtype."""
         shape = tuple(getattr(kv_cache, "shape", ()))
         found_dtype = dtype_name(getattr(kv_cache, "dtype", "?")) if hasattr(kv_cache, "dtype") else "?"
@@ -319,19 +316,11 @@ class KVCacheLayout:
             )
         return kv_cache_sharding(mesh)
 
-    def allocate(self, num_layers: int = 1, *, mesh: Mesh | None = None) -> list[Any]:
+    def allocate(self, num_layers: PositiveInt = 1, *, mesh: Mesh | None = None) -> list[Any]:
         """Zeroed caches, one per layer; sharded on `mesh` when given (as tpu-inference allocates)."""
         import jax
         import jax.numpy as jnp
 
-        if num_layers < 1:
-            raise InvalidArgumentError(
-                "need at least one layer",
-                argument="num_layers",
-                expected=">= 1",
-                found=num_layers,
-                fix="pass num_layers >= 1: the model's number of decoder layers (one cache per layer)",
-            )
         if mesh is None:
             return [jnp.zeros(self.shape, self.dtype) for _ in range(num_layers)]
         make = jax.jit(lambda: jnp.zeros(self.shape, self.dtype), out_shardings=self.sharding(mesh))
@@ -346,13 +335,14 @@ class KVCacheLayout:
         )
 
 
+@checked
 def layout_for(
     *,
     kv_cache_shape: tuple[int, ...],
-    kv_cache_dtype: Any,
-    num_kv_heads: int,
-    head_dim: int,
-    tp: int,
+    kv_cache_dtype: DType,
+    num_kv_heads: PositiveInt,
+    head_dim: PositiveInt,
+    tp: PositiveInt,
     hd64_kernel: bool = True,
 ) -> KVCacheLayout:
     """The layout the kernel will check a given cache against (pages and page size from the array)."""

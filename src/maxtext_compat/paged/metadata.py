@@ -23,14 +23,15 @@ The core is pure python; numpy/jax are imported only by the conversion methods.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from maxtext_compat.contract import Array, PositiveInt, Rule, checked
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError
-from maxtext_compat.paged.allocator import Lease, SequenceSlice
+from maxtext_compat.paged.allocator import Lease, PageLease
 from maxtext_compat.paged.layout import KVCacheLayout, cdiv
-from maxtext_compat.paged.metadata_checks import check_metadata, check_sequences
+from maxtext_compat.paged.metadata_checks import Slices, check_metadata, check_sequences
 
 __all__ = ["RaggedMetadata", "build_metadata", "check_metadata", "check_sequences", "metadata_arrays", "source_of"]
 # The attribute `to_attention_metadata` sets on tpu-inference's AttentionMetadata: the RaggedMetadata it
@@ -52,6 +53,7 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+@checked
 @dataclass(frozen=True)
 class RaggedMetadata:
     """Kernel-ready metadata of one step (host-side ints; see `arrays()` / `to_attention_metadata()`)."""
@@ -67,7 +69,7 @@ class RaggedMetadata:
     token_order: tuple[int, ...]  # kernel token t is the caller's token token_order[t]
     request_ids: tuple[Hashable | None, ...] = ()
     # Per kernel sequence, the allocator lease it was cut from (None: a hand-made slice); see check_current.
-    leases: tuple[Lease | None, ...] = field(default=(), compare=False, repr=False)
+    leases: tuple[Lease | PageLease | None, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def max_num_seqs(self) -> int:
@@ -112,7 +114,7 @@ class RaggedMetadata:
             if lease is not None:
                 lease.check(f"{argument} (kernel sequence {i}, request {lease.request_id!r})")
 
-    def check_cache(self, num_pages: int, page_size: int, argument: str = "metadata") -> None:
+    def check_cache(self, num_pages: PositiveInt, page_size: PositiveInt, argument: str = "metadata") -> None:
         """The cache it is used with must be the one it was built for (pages of another size move every token)."""
         if (self.page_size, self.num_pages) != (page_size, num_pages):
             raise InvalidArgumentError(
@@ -144,7 +146,7 @@ class RaggedMetadata:
         a = self.arrays()
         return tuple(jnp.asarray(a[name]) for name in KERNEL_FIELDS)  # type: ignore[return-value]
 
-    def to_attention_metadata(self, cls: Any = None) -> Any:
+    def to_attention_metadata(self, cls: Callable[..., Any] | None = None) -> Any:
         """tpu-inference's own AttentionMetadata (the object MaxText's vLLM path receives).
 
         cls: the class to build (default: the installed tpu-inference's, found through the
@@ -167,7 +169,7 @@ class RaggedMetadata:
 
         return np.asarray(self.token_order, np.int64)
 
-    def to_kernel_order(self, x: Any, *, pad_value: float = 0.0) -> Any:
+    def to_kernel_order(self, x: Array, *, pad_value: float = 0.0) -> Any:
         """Caller-ordered token rows [num_tokens, ...] -> kernel order, padded to [max_num_tokens, ...].
 
         pad_value fills the padding rows (NaN there proves they never leak into real rows).
@@ -194,7 +196,7 @@ class RaggedMetadata:
 
         return jnp.concatenate([rows, jnp.full((pad_rows, *x.shape[1:]), pad_value, dtype=x.dtype)])
 
-    def from_kernel_order(self, y: Any) -> Any:
+    def from_kernel_order(self, y: Array) -> Any:
         """Kernel-ordered rows [max_num_tokens, ...] -> the caller's order [num_tokens, ...]."""
         import numpy as np
 
@@ -208,13 +210,14 @@ class RaggedMetadata:
 # --------------------------------------------------------------------------------------------
 
 
+@checked
 def build_metadata(
-    seqs: Sequence[SequenceSlice],
+    seqs: Slices,
     layout: KVCacheLayout,
     *,
-    max_num_tokens: int | None = None,
-    max_num_seqs: int | None = None,
-    pages_per_seq: int | None = None,
+    max_num_tokens: PositiveInt | None = None,
+    max_num_seqs: PositiveInt | None = None,
+    pages_per_seq: PositiveInt | None = None,
 ) -> RaggedMetadata:
     """Order the batch decode-first and build validated kernel metadata.
 
@@ -271,7 +274,7 @@ def build_metadata(
     for k, i in enumerate(order):
         s = seqs[i]
         kv_lens[k] = s.kv_len
-        used = s.pages[: cdiv(s.kv_len, layout.page_size)]
+        used = [int(p) for p in s.pages[: cdiv(s.kv_len, layout.page_size)]]  # PageIds: their leases are kept
         page_indices[k * pages_per_seq : k * pages_per_seq + len(used)] = used
         start = cu[k]
         for j in range(s.q_len):
@@ -304,6 +307,27 @@ def build_metadata(
         input_positions=md.input_positions,
     )
     return md
+
+
+def _is_metadata(md: object) -> bool:
+    return isinstance(md, RaggedMetadata) or all(
+        hasattr(getattr(md, n, None), "shape") and hasattr(getattr(md, n, None), "dtype")
+        for n in ("seq_lens", "block_tables", "query_start_loc", "request_distribution")
+    )
+
+
+# What a kernel call takes as its metadata: ours, or tpu-inference's with its four arrays set.
+Metadata = Annotated[
+    Any,
+    Rule(
+        "a maxtext_compat.paged.RaggedMetadata, or tpu-inference's AttentionMetadata with seq_lens, block_tables, "
+        "query_start_loc and request_distribution set as int32 arrays",
+        _is_metadata,
+        "build it with maxtext_compat.paged.build_metadata(...) (its .to_attention_metadata() gives "
+        "tpu-inference's); Python lists are not arrays: jnp.asarray(x, jnp.int32)",
+        is_type=True,
+    ),
+]
 
 
 def source_of(metadata: Any) -> RaggedMetadata | None:

@@ -28,14 +28,20 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Annotated, Any
 
+from maxtext_compat.contract import PositiveInt, checked
+from maxtext_compat.contract.rules import all_of
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError
-from maxtext_compat.paged.layout import cdiv
+from maxtext_compat.paged.allocator import PageId, SequenceSlice
+from maxtext_compat.paged.layout import KVCacheLayout, cdiv
 
-if TYPE_CHECKING:
-    from maxtext_compat.paged.allocator import SequenceSlice
-    from maxtext_compat.paged.layout import KVCacheLayout
+# The slices of one step: every item checked (a tuple or a dict in the list would fail deep inside).
+Slices = Annotated[
+    Sequence[SequenceSlice],
+    all_of("a list of SequenceSlices", lambda s: isinstance(s, SequenceSlice),
+           "pass {name} as a list of SequenceSlice (PageAllocator.append returns one per request)"),
+]  # fmt: skip
 
 BUILD_FIX = "or build the metadata with maxtext_compat.paged.build_metadata"
 
@@ -110,7 +116,8 @@ CONFLICT_FIX = {
 # --------------------------------------------------------------------------------------------
 
 
-def check_sequences(seqs: Sequence[SequenceSlice], layout: KVCacheLayout) -> None:
+@checked
+def check_sequences(seqs: Slices, layout: KVCacheLayout) -> None:
     """Per-sequence and cross-sequence checks with the caller's indices (seqs[i]) in the messages."""
     ids: dict[Hashable, int] = {}
     rows: list[tuple[Sequence[int], int]] = []
@@ -192,19 +199,24 @@ def check_sequences(seqs: Sequence[SequenceSlice], layout: KVCacheLayout) -> Non
 # --------------------------------------------------------------------------------------------
 
 
+@checked
 def check_metadata(
     kv_lens: Sequence[int],
     page_indices: Sequence[int],
     cu_q_lens: Sequence[int],
     distribution: Sequence[int],
     *,
-    num_pages: int,
-    page_size: int,
-    max_num_tokens: int,
+    num_pages: PositiveInt,
+    page_size: PositiveInt,
+    max_num_tokens: PositiveInt,
     input_positions: Sequence[int] | None = None,
     positions_name: str = "input_positions",
 ) -> None:
-    """Validate kernel metadata values (see the module docstring for the invariants)."""
+    """Validate kernel metadata values (see the module docstring for the invariants).
+
+    The sequences' items are checked here (not by the contract) so an error names the entry: page_indices[3].
+    Page ids an allocator handed out (block_table rows) must still be held by their request."""
+    held = {i: p for i, p in enumerate(page_indices) if isinstance(p, PageId)}
     kv_lens = ints(kv_lens, "kv_lens", "a kv_len")
     page_indices = ints(page_indices, "page_indices", "a page id")
     cu_q_lens = ints(cu_q_lens, "cu_q_lens", "a cumulative query length")
@@ -246,6 +258,8 @@ def check_metadata(
             )
         row = page_indices[i * pages_per_seq : i * pages_per_seq + need]
         for j, page in enumerate(row):
+            if held and (k := i * pages_per_seq + j) in held:
+                held[k].check(f"page_indices[{k}]")
             if not 0 <= page < num_pages:
                 raise InvalidArgumentError(
                     "block table entry out of range",

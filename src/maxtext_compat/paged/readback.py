@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from maxtext_compat.contract import Array, IntSequence, NonNegativeInt, checked
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.paged.layout import KVCacheLayout, cdiv
 from maxtext_compat.paged.metadata import RaggedMetadata
@@ -52,8 +53,9 @@ def _flat(kv_cache: Any, layout: KVCacheLayout) -> Any:
     return np.asarray(kv_cache).reshape(p, s, c * k, d)
 
 
+@checked
 def read_kv_replicas(
-    kv_cache: Any, layout: KVCacheLayout, pages: Sequence[int], kv_len: int, *, start: int = 0
+    kv_cache: Array, layout: KVCacheLayout, pages: IntSequence, kv_len: NonNegativeInt, *, start: NonNegativeInt = 0
 ) -> tuple[Any, Any]:
     """K and V of positions [start, kv_len): arrays [replication, tokens, num_kv_heads, head_dim]."""
     import numpy as np
@@ -71,8 +73,9 @@ def read_kv_replicas(
     return out["k"], out["v"]
 
 
+@checked
 def read_kv(
-    kv_cache: Any, layout: KVCacheLayout, pages: Sequence[int], kv_len: int, *, start: int = 0
+    kv_cache: Array, layout: KVCacheLayout, pages: IntSequence, kv_len: NonNegativeInt, *, start: NonNegativeInt = 0
 ) -> tuple[Any, Any]:
     """K and V of positions [start, kv_len) of a request: numpy [tokens, num_kv_heads, head_dim].
 
@@ -93,7 +96,8 @@ def read_kv(
     return k[0], v[0]
 
 
-def read_sequence(kv_cache: Any, layout: KVCacheLayout, metadata: RaggedMetadata, seq: int) -> tuple[Any, Any]:
+@checked
+def read_sequence(kv_cache: Array, layout: KVCacheLayout, metadata: RaggedMetadata, seq: int) -> tuple[Any, Any]:
     """K/V of kernel sequence `seq` of a step, all kv_lens[seq] positions."""
     if not 0 <= seq < metadata.num_seqs:
         raise InvalidArgumentError(
@@ -107,7 +111,10 @@ def read_sequence(kv_cache: Any, layout: KVCacheLayout, metadata: RaggedMetadata
     return read_kv(kv_cache, layout, metadata.pages_of(seq), metadata.kv_lens[seq])
 
 
-def write_kv(kv_cache: Any, layout: KVCacheLayout, pages: Sequence[int], start: int, k: Any, v: Any) -> Any:
+@checked
+def write_kv(
+    kv_cache: Array, layout: KVCacheLayout, pages: IntSequence, start: NonNegativeInt, k: Array, v: Array
+) -> Any:
     """A numpy copy of the cache with k/v [tokens, num_kv_heads, head_dim] at positions start.. (every replica).
 
     Only the heads' own lanes are written; padding stays as it was. Use it to seed a cache

@@ -10,8 +10,10 @@ default to ('data', 'model') (tpu-inference's 2D sharding) when tpu-inference is
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from maxtext_compat.contract import PositiveInt, checked
 from maxtext_compat.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ def check_mesh(mesh: Mesh, *, argument: str = "mesh") -> None:
         )
 
 
+@checked
 def head_parallelism(mesh: Mesh) -> int:
     """How many ways KV heads are split: the product of the mesh's head axes."""
     _, head = axis_names()
@@ -80,6 +83,7 @@ def qkv_spec() -> Any:
     return P(data, head, None)
 
 
+@checked
 def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
     from jax.sharding import NamedSharding
 
@@ -87,6 +91,7 @@ def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, kv_cache_spec())
 
 
+@checked
 def qkv_sharding(mesh: Mesh) -> NamedSharding:
     from jax.sharding import NamedSharding
 
@@ -94,14 +99,15 @@ def qkv_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, qkv_spec())
 
 
-def make_mesh(tp: int = 1, devices: Any = None) -> Mesh:
+@checked
+def make_mesh(tp: PositiveInt = 1, devices: Sequence[Any] | None = None) -> Mesh:
     """A ('data', 'model') mesh of shape (1, tp): the layout tpu-inference's 2D sharding expects."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
 
     devs = list(jax.devices() if devices is None else devices)
-    if not isinstance(tp, int) or tp < 1 or tp > len(devs):
+    if tp > len(devs):
         raise InvalidArgumentError(
             "tensor-parallel degree out of range",
             argument="tp",

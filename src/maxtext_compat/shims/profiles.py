@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import CompatError, InvalidArgumentError, ProfileError
 from maxtext_compat.shims import patching, traced
 from maxtext_compat.shims.patching import PatchSet, PatchSpec, Setting
@@ -72,6 +73,7 @@ class Declarations(Protocol):
 _DECLARATIONS: list[Declarations | None] = [None]
 
 
+@checked
 @dataclass(frozen=True)
 class Profile:
     """A registered profile: its name, the builder of its PatchSpecs, what `doctor` says about it.
@@ -94,6 +96,7 @@ _CHOOSER: list[ProfileChooser | None] = [None]
 _COMPANION_OF: dict[str, str] = {}  # profile -> the companion its install(convention=) installed
 
 
+@checked
 def register_profile(name: str, builder: ProfileBuilder, *, description: str = "", replace: bool = False) -> None:
     """Register `builder` (returns the PatchSpecs; called at the first install after registering, its
     specs then kept for the process) under `name`; register again (replace=True) to change them.
@@ -138,6 +141,7 @@ def register_profile(name: str, builder: ProfileBuilder, *, description: str = "
         _SPECS.pop(name, None)
 
 
+@checked
 def unregister_profile(name: str) -> None:
     """Forget a registered profile (uninstall it first: a ProfileError says so).
 
@@ -167,6 +171,7 @@ def registered_profiles() -> dict[str, str]:
         return {name: p.description for name, p in sorted(_PROFILES.items())}
 
 
+@checked
 def set_default_profile_chooser(chooser: ProfileChooser | None) -> ProfileChooser | None:
     """Set the hook `install()` uses without a name; returns the previous one.
 
@@ -197,6 +202,7 @@ def has_default_profile_chooser() -> bool:
     return _CHOOSER[0] is not None
 
 
+@checked
 def default_profile(resolution: Resolution | None = None) -> str | None:
     """The profile the chooser picks for `resolution` (resolved from the install when None).
 
@@ -230,6 +236,7 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
     return name
 
 
+@checked
 def install(
     profile: str | None = None,
     *,
@@ -332,6 +339,7 @@ def _install(name: str, stack: bool) -> PatchSet:
     return patch_set
 
 
+@checked
 def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
     """Remove `profile` (every active profile, newest first, when None); returns what was removed.
 
@@ -384,6 +392,7 @@ def _forget_declaration(token: object) -> None:
         decl.forget(token)
 
 
+@checked
 def installed(profile: str | None = None) -> bool:
     """Whether `profile` (any profile when None) is installed in this process.
 
@@ -403,6 +412,7 @@ def active_profiles() -> list[str]:
         return list(_INSTALLED)
 
 
+@checked
 def verify(profile: str | None = None) -> dict[str, list[str]]:
     """Per installed profile, the locations whose wrapper someone else removed or replaced.
 
@@ -415,6 +425,7 @@ def verify(profile: str | None = None) -> dict[str, list[str]]:
 
 
 @contextmanager
+@checked
 def patched(
     profile: str | None = None, *, stack: bool = False, force: bool = False, resolution: Resolution | None = None
 ) -> Iterator[PatchSet | None]:

@@ -13,12 +13,15 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from maxtext_compat.contract import checked
+
 _LOCK = threading.RLock()
 _ACTIVE: dict[tuple[str, str], ActivePatch] = {}
 _ORDER: dict[tuple[str, str], int] = {}
 _COUNTER = itertools.count()
 
 
+@checked
 @dataclass(frozen=True)
 class ActivePatch:
     """One active patch, as `doctor` lists it: what was patched, by what, from which profile.

@@ -13,7 +13,7 @@ _OWN_PACKAGE = "maxtext_compat"
 
 def _scope(spec: PatchSpec, original: Original) -> tuple[str, ...]:
     if spec.aliases is not None:
-        return spec.aliases
+        return tuple(spec.aliases)  # PatchSpec keeps a tuple; typed wider since a list is accepted
     if isinstance(original.owner, types.ModuleType):
         return (spec.module.split(".")[0],)
     return ()

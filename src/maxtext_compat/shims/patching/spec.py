@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import InvalidArgumentError
 
 WrapperFunction = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
@@ -15,6 +16,7 @@ WrapperFactory = Callable[["Original"], WrapperFunction]
 SignatureSource = inspect.Signature | Callable[[Callable[..., Any]], inspect.Signature]
 
 
+@checked
 @dataclass(frozen=True)
 class PatchSpec:
     """One target of a profile and how to wrap it.
@@ -47,7 +49,7 @@ class PatchSpec:
     target: str
     factory: WrapperFactory
     signature: SignatureSource | None = None
-    aliases: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] | list[str] | None = None  # kept as a tuple
     origin: str | None = None
 
     def __post_init__(self) -> None:
@@ -98,6 +100,7 @@ class PatchSpec:
 TargetKind = Literal["function", "method", "staticmethod", "classmethod", "callable"]
 
 
+@checked
 class Original(NamedTuple):
     """What a factory gets: the resolved target before patching (immutable).
 
@@ -125,6 +128,7 @@ class Original(NamedTuple):
     defined_in: Any  # the module or class whose __dict__ holds raw (differs from owner when inherited)
 
 
+@checked
 def add_keyword_params(*names: str, default: Any = None) -> Callable[[Callable[..., Any]], inspect.Signature]:
     """A signature source that adds keyword-only parameters the original lacks.
 

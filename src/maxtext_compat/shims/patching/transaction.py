@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import PatchConflictError
 from maxtext_compat.shims import registry
 from maxtext_compat.shims.patching.aliases import sweep_aliases
@@ -33,6 +34,7 @@ from maxtext_compat.shims.patching.writes import Markers, Write, commit_writes, 
 _MAX_CHAIN = 64
 
 
+@checked
 @dataclass(frozen=True, eq=False)
 class PatchSet:
     """The patches one profile installed in this process (wrapped callables and set values); pass it to

@@ -7,14 +7,17 @@ False) instead of reporting a meaningless difference.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from maxtext_compat.contract import PositiveInt, checked
 from maxtext_compat.decode.types import Generation
 from maxtext_compat.errors import InvalidArgumentError
 
 
+@checked
 @dataclass(frozen=True)
 class ComparisonRow:
     prompt: tuple[int, ...]
@@ -26,6 +29,7 @@ class ComparisonRow:
     dense_ms_per_step: float
 
 
+@checked
 def max_logits_diff(a: Generation, b: Generation, i: int) -> float:
     """max |logits_a - logits_b| of prompt i over the steps up to the first differing token."""
     worst = 0.0
@@ -36,6 +40,7 @@ def max_logits_diff(a: Generation, b: Generation, i: int) -> float:
     return worst
 
 
+@checked
 def compare(paged: Generation, dense: Generation) -> list[ComparisonRow]:
     if paged.prompts != dense.prompts or len(paged.steps) != len(dense.steps):
         raise InvalidArgumentError(
@@ -60,7 +65,8 @@ def compare(paged: Generation, dense: Generation) -> list[ComparisonRow]:
     ]
 
 
-def format_table(rows: list[ComparisonRow], *, max_prompt: int = 8) -> str:
+@checked
+def format_table(rows: Sequence[ComparisonRow], *, max_prompt: PositiveInt = 8) -> str:
     """A markdown table: prompt, generated ids, max |Δ logits| vs dense, ms/step of both paths."""
     lines = [
         "| prompt | generated ids (paged) | same as dense | max \\|Δ logits\\| | paged ms/step | dense ms/step |",
