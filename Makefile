@@ -22,7 +22,7 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX ?= $(or $(MAXTEXT_COMPAT_COMPILE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/maxtext-compat)/pycache
 
-.PHONY: help setup envs demo test test-extended unit lint bench docs chromium clean
+.PHONY: help setup envs demo test test-extended unit lint bench docs chromium clean tpu-wheels test-tpu
 
 help:
 	@echo "make demo   - set up, then run the main job"
@@ -30,6 +30,8 @@ help:
 	@echo "make bench  - benchmarks (writes build/bench.md)"
 	@echo "make docs   - the documentation site, strict (writes build/site/; open build/site/index.html)"
 	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; full-depth churn and fuzz"
+	@echo "make tpu-wheels - download the TPU tier's wheels the TPU machine lacks into build/tpu-parts/ (docs/tpu.md)"
+	@echo "make test-tpu   - install the TPU tier and run the tests marked tpu (MAXTEXT_COMPAT_TPU=dry: on a CPU)"
 
 $(TOOLS)/bin/uv:
 	python3 -m venv $(TOOLS)
@@ -80,6 +82,14 @@ test-extended: envs
 	$(DEEP) PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3 unit maxtext-0.2.5 maxtext-0.2.4 \
 	  maxtext-0.2.3 maxtext-0.2.2 maxtext-0.1.0 maxtext-0.1.0-jax011 \
 	  --pytest-args -k "fuzzed_documents or real_profile_churns"
+
+# The TPU tier (docs/tpu.md): no environment of the matrix, only the interpreter the machine has (Python 3.11 with
+# its jax) plus tools/tpu/*.txt installed into build/tpu-site; make test deselects the tests marked tpu.
+tpu-wheels:
+	tools/tpu/wheels.sh
+
+test-tpu:
+	tools/tpu/run.sh
 
 bench: envs
 	$(DEV)/bin/python benchmarks/run_all.py --out build
