@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -332,3 +333,69 @@ def test_a_malformed_request_gets_vllms_4xx_and_the_server_lives(server, case):
     assert param is None or err["param"] == param, body
     assert "Traceback" not in err["message"]
     _alive(server)
+
+
+# ------------------------------------------------------------------ a real client, unchanged: lm-evaluation-harness
+
+LM_EVAL_TASKS = Path(__file__).parent / "lm_eval_tasks"  # smollm2_facts: 6 multiple-choice questions, local data
+LOGLIK_TOLERANCE = 0.3  # the served head's bfloat16 table vs hf's float32 (BF16_TABLE_TOLERANCE); measured 0.015
+
+
+def _lm_eval(out: Path, model: str, model_args: str, *extra: str) -> list[dict]:
+    """`lm_eval` as a user runs it (its CLI, in a subprocess), offline; the per-example samples it logged."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [str(Path(sys.executable).with_name("lm_eval")), "--model", model, "--model_args", model_args,
+           "--tasks", "smollm2_facts", "--include_path", str(LM_EVAL_TASKS), "--output_path", str(out),
+           "--log_samples", "--batch_size", "1", *extra]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(out / "ds")}
+    done = subprocess.run(cmd, cwd=LM_EVAL_TASKS, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, f"lm_eval --model {model} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    files = sorted(out.rglob("samples_smollm2_facts_*.jsonl"))
+    assert len(files) == 1, files
+    return sorted((json.loads(line) for line in files[0].read_text().splitlines()), key=lambda s: s["doc_id"])
+
+
+def _hf_samples(out: Path) -> list[dict]:
+    """lm-eval's hf backend on the GGUF file: release-independent, so kept beside transformers' cached reading of
+    the model (keyed by the file, the task's files and the readers' versions) for the other environment."""
+    import hashlib
+    import importlib.metadata
+
+    from maxtext_compat.atomic_file import replacing
+    from maxtext_compat.env_runner import hf_reference_dir
+
+    gguf = rm.smollm2_gguf()
+    key = hashlib.sha256(f"{gguf.stat().st_size}:{gguf.name}".encode())
+    for f in sorted(LM_EVAL_TASKS.iterdir()):
+        key.update(f.read_bytes())
+    for name in ("lm-eval", "transformers", "torch", "gguf"):
+        key.update(importlib.metadata.version(name).encode())
+    cache = hf_reference_dir()
+    entry = None if cache is None else cache / f"lm-eval-hf-{key.hexdigest()[:24]}.json"
+    if entry is not None and entry.is_file():
+        entry.touch()
+        return json.loads(entry.read_text())
+    found = _lm_eval(out, "hf", f"pretrained={gguf.parent},gguf_file={gguf.name},dtype=float32", "--device", "cpu")
+    if entry is not None:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(entry) as partial:
+            partial.write_text(json.dumps(found))
+    return found
+
+
+def test_lm_eval_local_completions_equals_its_hf_backend(server, tmp_path):
+    """lm_eval --model local-completions against the server: the per-example log-likelihoods equal lm-eval's own
+    hf backend on the same GGUF file within LOGLIK_TOLERANCE, and so do its choices."""
+    served = _lm_eval(tmp_path / "served", "local-completions",
+                      f"model={server.model},base_url={server.url}/v1/completions,tokenizer_backend=huggingface,"
+                      f"tokenizer={server.model},num_concurrent=1,max_retries=1,tokenized_requests=True")  # fmt: skip
+    hf = _hf_samples(tmp_path / "hf")
+    assert [s["doc_id"] for s in served] == [s["doc_id"] for s in hf] and len(served) == 6
+    for ours, theirs in zip(served, hf, strict=True):
+        got = [float(r[0][0]) for r in ours["resps"]]  # lm-eval logs them as strings
+        want = [float(r[0][0]) for r in theirs["resps"]]
+        assert got == pytest.approx(want, abs=LOGLIK_TOLERANCE), (ours["doc_id"], got, want)
+        assert int(np.argmax(got)) == int(np.argmax(want)) and ours["acc"] == theirs["acc"], ours["doc_id"]
