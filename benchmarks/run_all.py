@@ -45,7 +45,7 @@ TESTS_PATH = {
         filter(None, [str(Path(__file__).resolve().parents[1] / "tests"), os.environ.get("PYTHONPATH")])
     )
 }
-SECTIONS = ("traced cost", "eager overhead", "import cost", "paged decode", "real model", "memory")
+SECTIONS = ("traced cost", "eager overhead", "import cost", "paged decode", "real model", "served", "memory")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,6 +139,8 @@ JOBS = (
     Job(
         "maxtext-0.2.5", ("bench_import", "bench_memory", "bench_eager", "bench_decode", "bench_real_model"), timed=True
     ),
+    # Two `vllm serve` processes one after the other (ours, then tpu-inference's own Llama): a process of its own.
+    Job("maxtext-0.2.5", ("bench_serving",), timed=True),
     Job("maxtext-0.1.0-jax011", ("bench_eager", "bench_decode"), timed=True),  # decode reads 0.2.5's files
 )
 

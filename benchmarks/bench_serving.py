@@ -1,0 +1,139 @@
+"""Served SmolLM2 over HTTP: a warm 16-token request, and a load run beside the peer a user would otherwise pick.
+
+    MAXTEXT_COMPAT_ENV=maxtext-0.2.5 PYTHONPATH=tests .envs/maxtext-0.2.5/bin/python benchmarks/bench_serving.py
+
+Why: in-process SmolLM2 decodes 16 tokens in about a second; a served request pays the API server, the
+scheduler, the runner's host work and the sampler on top. Two servers, one after the other (one `vllm serve` at
+a time on this machine): ours (`maxtext-compat serve` of the converted model: MaxText's own model) and the peer
+(plain `vllm serve` of the Hugging Face form of the same weights: tpu-inference's own Llama), same flags, same CPU
+shim. For each: the median of warm 16-token greedy requests, then CLIENTS concurrent clients (the `openai`
+AsyncOpenAI client) sending the PROMPTS round robin for LOAD_SECONDS; every answer must equal transformers'
+greedy tokens (else the figure is not written), none may be lost; throughput and latency percentiles recorded.
+The issue's goals: a warm 16-token request <= 3 s, our throughput >= 0.9 of the peer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import run_all
+
+CLIENTS = int(os.environ.get("BENCH_SERVING_CLIENTS", "32"))
+LOAD_SECONDS = float(os.environ.get("BENCH_SERVING_SECONDS", "60"))
+WARM_ROUNDS = 5
+TOKENS = 16
+SEQS = 8  # --max-num-seqs: the clients beyond it queue, as on any vLLM server
+MAX_LEN = 64
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _load(url: str, model: str, prompts: list[str], want: list[list[int]]) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+    latencies: list[float] = []
+    wrong: list[tuple[int, list[int]]] = []
+    errors: list[str] = []
+    stop_at = time.monotonic() + LOAD_SECONDS
+
+    async def one_client(c: int) -> None:
+        i = c
+        while time.monotonic() < stop_at:
+            k = i % len(prompts)
+            t0 = time.monotonic()
+            try:
+                got = await client.completions.create(model=model, prompt=prompts[k], max_tokens=TOKENS,
+                                                      temperature=0, extra_body={"return_token_ids": True})  # fmt: skip
+            except Exception as exc:  # a lost answer is a finding: counted, reported
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            else:
+                latencies.append(time.monotonic() - t0)
+                if got.choices[0].token_ids != want[k]:
+                    wrong.append((k, list(got.choices[0].token_ids or [])))
+            i += CLIENTS
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one_client(c) for c in range(CLIENTS)))
+    wall = time.monotonic() - t0
+    await client.close()
+    return {"latencies": latencies, "wrong": wrong, "errors": errors, "wall": wall}
+
+
+def _measure(srv: Any, prompts: list[str], want: list[list[int]]) -> dict[str, Any]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+    def one() -> list[int]:
+        got = client.completions.create(model=srv.model, prompt=prompts[0], max_tokens=TOKENS, temperature=0,
+                                        extra_body={"return_token_ids": True})  # fmt: skip
+        return list(got.choices[0].token_ids)
+
+    for p in prompts:  # warm: every prompt length compiled once
+        client.completions.create(model=srv.model, prompt=p, max_tokens=TOKENS, temperature=0)
+    times = []
+    for _ in range(WARM_ROUNDS):
+        t0 = time.monotonic()
+        ids = one()
+        times.append(time.monotonic() - t0)
+        if ids != want[0]:
+            raise AssertionError(f"served {ids} != reference {want[0]}: no figure written")
+    load = asyncio.run(_load(srv.url, srv.model, prompts, want))
+    if load["wrong"] or load["errors"]:
+        raise AssertionError(f"load run: {len(load['wrong'])} wrong, {len(load['errors'])} lost: "
+                             f"{load['wrong'][:2]} {load['errors'][:2]}")  # fmt: skip
+    return {"warm": times, **load}
+
+
+def _rows(label: str, m: dict[str, Any], peer: dict[str, Any] | None) -> list[dict[str, Any]]:
+    lat = m["latencies"]
+    n = len(lat)
+    rps, tps = n / m["wall"], n * TOKENS / m["wall"]
+    warm = statistics.median(m["warm"])
+    how = (f"SmolLM2-135M float32, {TOKENS} greedy tokens, answers equal to transformers'; "
+           f"--max-num-seqs {SEQS}, --max-model-len {MAX_LEN}")  # fmt: skip
+    load_how = f"{CLIENTS} concurrent openai clients for {LOAD_SECONDS:g} s, 4 prompts round robin, {n} answers, 0 lost"
+    pct = f"p50 {_percentile(lat, 0.5):.2f} s, p90 {_percentile(lat, 0.9):.2f} s, p99 {_percentile(lat, 0.99):.2f} s"
+    ratio = None if peer is None else tps / (len(peer["latencies"]) * TOKENS / peer["wall"])
+    return [
+        run_all.row(f"served · warm {TOKENS}-token request, {label}", warm, "s", how,
+                    spread=f"min {min(m['warm']):.2f} s, max {max(m['warm']):.2f} s over {WARM_ROUNDS}"),
+        run_all.row(f"served · load throughput, {label}", tps, "tokens/s", f"{load_how}; {rps:.2f} requests/s",
+                    ratio=ratio, spread=pct),
+    ]  # fmt: skip
+
+
+def run() -> list[dict[str, Any]]:
+    run_all.cpu_env()
+    from helpers.smollm2_server import serve, serve_hf
+    from maxtext_compat import convert
+    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.testing import real_model as rm
+
+    work = Path(os.environ.get("BENCH_WORK", "build/bench-work")).resolve() / "serving"
+    work.mkdir(parents=True, exist_ok=True)
+    reference = rm.hf_reference(rm.smollm2_gguf(), hf_reference_dir())
+    prompts, want = list(rm.PROMPTS), reference.greedy
+    ours_dir = convert.convert(rm.smollm2_gguf(), work / "maxtext")
+    hf_dir = rm.save_hf_dir(work / "hf", hf_reference_dir())
+    with serve(ours_dir, work, seqs=SEQS, max_len=MAX_LEN) as srv:
+        ours = _measure(srv, prompts, want)
+    with serve_hf(hf_dir, work, seqs=SEQS, max_len=MAX_LEN) as srv:
+        peer = _measure(srv, prompts, want)
+    print(f"[bench] served: ours {ours['warm']}, peer {peer['warm']}", file=sys.stderr)
+    return [*_rows("maxtext-compat serve (MaxText's model)", ours, peer),
+            *_rows("peer: vllm serve of the HF form (tpu-inference's Llama)", peer, None)]  # fmt: skip
+
+
+if __name__ == "__main__":
+    run_all.emit(run())
