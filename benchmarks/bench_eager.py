@@ -16,6 +16,7 @@ the timed region), so native and adapter run on the unpatched class in the same 
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import sys
@@ -146,13 +147,23 @@ def real() -> list[dict[str, Any]]:
 # Pure-Python fakes with the releases' exact signatures (tests/unit/test_adapters_mocked_rows.py)
 # ----------------------------------------------------------------------------------------------
 
-ATTENTION_SIGS = {
-    "0.1.0": "inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *, model_mode='train', "
-    "deterministic=False, previous_chunk=None, slot=None, page_state=None, bidirectional_mask=None",
-    "0.2.5": "inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, out_sharding=None, *, "
+# Attention.__call__ per release, as read from the maxtext 0.1.0 .. 0.2.5 wheels (test_adapters_mocked_rows.py).
+_SIG_010 = (
+    "inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, *, model_mode='train', "
+    "deterministic=False, previous_chunk=None, slot=None, page_state=None, bidirectional_mask=None"
+)
+_SIG_020 = (
+    "inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, out_sharding=None, *, "
+    "model_mode='train', deterministic=False, previous_chunk=None, slot=None, page_state=None, "
+    "bidirectional_mask=None, rope_kwargs=None, kv_cache=None, attention_metadata=None"
+)
+_SIG_023 = (
+    "inputs_q, inputs_kv, inputs_positions=None, decoder_segment_ids=None, out_sharding=None, *, "
     "model_mode='train', deterministic=False, previous_chunk=None, slot=None, bidirectional_mask=None, "
-    "rope_kwargs=None, kv_cache=None, attention_metadata=None, shared_key=None, shared_value=None",
-}
+    "rope_kwargs=None, kv_cache=None, attention_metadata=None, shared_key=None, shared_value=None"
+)
+ATTENTION_SIGS = {"0.1.0": _SIG_010, "0.2.0": _SIG_020, "0.2.1": _SIG_020, "0.2.2": _SIG_020, "0.2.3": _SIG_023,
+                  "0.2.4": _SIG_023, "0.2.5": _SIG_023}  # fmt: skip
 LLAMA_SIG_025 = (
     "inputs, decoder_segment_ids, decoder_positions, deterministic, model_mode, previous_chunk=None, "
     "slot=None, kv_cache=None, attention_metadata=None"
@@ -176,75 +187,90 @@ def fake_class(name: str, params: str, new_return: bool) -> type:
     return type(name, (), {"__call__": ns["__call__"], "__init__": __init__, "__module__": FAKE_MODULE})
 
 
+def bare_wrapt(cls: type) -> type:
+    """The anchor: a subclass whose __call__ is the same function under a wrapt wrapper that only calls through."""
+    import wrapt
+
+    call = wrapt.FunctionWrapper(
+        cls.__dict__["__call__"], lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs)
+    )
+    return type(f"Wrapt{cls.__name__}", (cls,), {"__call__": call, "__module__": FAKE_MODULE})
+
+
 FAKE_MODULE = "maxtext_compat_bench_fakes"
-# Each fake row's ratio is taken against the real module's native eager call of that release.
+# Each fake row's ratio is taken against the real module's native eager call of that release's environment.
 _ATTN = "eager overhead · Attention · old call · adapter"
 _LAYER = "eager overhead · LlamaDecoderLayer · old call · adapter"
-REAL_REF = {
-    "fake Attention, 0.1.0 row · old call": ("maxtext-0.1.0-jax011", _ATTN),
-    "fake Attention, 0.2.5 row · old call": ("maxtext-0.2.5", _ATTN),
-    "fake Attention, 0.2.5 row · new call": ("maxtext-0.2.5", _ATTN),
-    "fake LlamaDecoderLayer, 0.2.5 row · new call": ("maxtext-0.2.5", _LAYER),
-}
+
+
+def _ref(release: str) -> dict[str, Any]:
+    env = "maxtext-0.1.0-jax011" if release == "0.1.0" else "maxtext-0.2.5"  # where a real module is timed
+    return {"env": env, "figure": _ATTN, "overhead": True}
 
 
 def fake() -> list[dict[str, Any]]:
+    """Per release: the adapter's old and new calls and the patched class (the call rule in MaxText's own class:
+    vllm-backport on 0.1.0, call-rule on 0.2.x), beside a bare wrapt wrapper of the same function."""
     from maxtext_compat import shims
     from maxtext_compat.adapters.wrapper import adapted_class
     from maxtext_compat.matrix import load_matrix
     from maxtext_compat.shims import PatchSpec, maxtext_profiles
 
     matrix = load_matrix()
-    old, new = matrix.row("0.1.0"), matrix.row("0.2.5")
     module = types.ModuleType(FAKE_MODULE)  # patch targets are "module:Class.attr"
     sys.modules[FAKE_MODULE] = module
-    module.Attention010 = fake_class("Attention010", ATTENTION_SIGS["0.1.0"], False)
-    module.Attention025 = fake_class("Attention025", ATTENTION_SIGS["0.2.5"], True)
+    specs: list[Any] = []
+    per_release: list[tuple[str, dict[str, Callable[[], Any]]]] = []
+    old = {"model_mode": "train", "deterministic": True}
+    new = {"model_mode": "autoregressive", "kv_cache": "KV", "attention_metadata": "MD"}
+    for release, sig in ATTENTION_SIGS.items():
+        row = matrix.row(release)
+        tag = release.replace(".", "")
+        native_cls = fake_class(f"Attention{tag}", sig, row.has_kv_params)
+        # An identical twin gets patched, so the native calls of the same round run the unpatched class.
+        twin = fake_class(f"PatchedAttention{tag}", sig, row.has_kv_params)
+        setattr(module, native_cls.__name__, native_cls)
+        setattr(module, twin.__name__, twin)
+        specs.append(
+            PatchSpec(f"{FAKE_MODULE}:{twin.__name__}.__call__", maxtext_profiles._rule_factory("attention", row))
+        )
+        native, anchor = native_cls(), bare_wrapt(native_cls)()
+        adapter, patched = adapted_class(native_cls, row=row, kind="attention")(), twin()
+        calls = {"old call": ("x", "x", "pos", "seg"), "new call": ("x", "x", "pos", None)}
+        for call, args in calls.items():
+            if call == "new call" and not row.has_kv_params:
+                continue  # 0.1.0's new call runs the backport through the real kernel: bench_decode times it
+            kw = old if call == "old call" else new
+            per_release.append((f"fake Attention, {release} row · {call}", {
+                "native": functools.partial(native, *args, **kw),
+                "bare wrapt wrapper (anchor)": functools.partial(anchor, *args, **kw),
+                "adapter": functools.partial(adapter, *args, **kw),
+                "patched class (" + (maxtext_profiles.BACKPORT if release == "0.1.0" else maxtext_profiles.CALL_RULE)
+                + " rule)": functools.partial(patched, *args, **kw),
+            }))  # fmt: skip
     module.Layer025 = fake_class("Layer025", LLAMA_SIG_025, True)
-    # Identical twins get patched, so native calls in the same round run the unpatched class.
-    module.PatchedAttention010 = fake_class("PatchedAttention010", ATTENTION_SIGS["0.1.0"], False)
     module.PatchedLayer025 = fake_class("PatchedLayer025", LLAMA_SIG_025, True)
-    specs = [
-        # the vllm-backport profile's own wrapper (maxtext_profiles._rule_factory), on the fake class
-        PatchSpec(f"{FAKE_MODULE}:PatchedAttention010.__call__", maxtext_profiles._rule_factory("attention", old)),
-        PatchSpec(f"{FAKE_MODULE}:PatchedLayer025.__call__", maxtext_profiles.DEFECT_TARGETS["scan-unroll-drops-kv"]),
-    ]
+    specs.append(
+        PatchSpec(f"{FAKE_MODULE}:PatchedLayer025.__call__", maxtext_profiles.DEFECT_TARGETS["scan-unroll-drops-kv"])
+    )
+    layer_args = ("x", None, "pos", True, "autoregressive")
+    layer_kw = {"kv_cache": "KV", "attention_metadata": "MD"}
+    per_release.append(("fake LlamaDecoderLayer, 0.2.5 row · new call", {
+        "native": functools.partial(module.Layer025(), *layer_args, **layer_kw),
+        "bare wrapt wrapper (anchor)": functools.partial(bare_wrapt(module.Layer025)(), *layer_args, **layer_kw),
+        "patched class (known-defects)": functools.partial(module.PatchedLayer025(), *layer_args, **layer_kw),
+    }))  # fmt: skip
     shims.register_profile("bench-fakes", lambda: specs, replace=True)
-    a010, a025, l025 = module.Attention010(), module.Attention025(), module.Layer025()
-    w010 = adapted_class(module.Attention010, row=old, kind="attention")()
-    w025 = adapted_class(module.Attention025, row=new, kind="attention")()
-    p010, pl025 = module.PatchedAttention010(), module.PatchedLayer025()
     out: list[dict[str, Any]] = []
     how = (f"pure-Python fake with the release's exact __call__ signature (returns a constant); {FAKE_ROUNDS} "
-           f"rounds x {FAKE_CALLS} calls, interleaved, gc off")  # fmt: skip
+           f"rounds x {FAKE_CALLS} calls, interleaved, gc off; the anchor is a wrapt.FunctionWrapper that only "
+           "calls through, in the same run")  # fmt: skip
     with shims.patched("bench-fakes"):
-        for prefix, variants in (
-            ("fake Attention, 0.1.0 row · old call", {
-                "native": lambda: a010("x", "x", "pos", "seg", model_mode="train", deterministic=True),
-                "adapter": lambda: w010("x", "x", "pos", "seg", model_mode="train", deterministic=True),
-                "patched class (vllm-backport rule)": lambda: p010("x", "x", "pos", "seg", model_mode="train",
-                                                                   deterministic=True),
-            }),
-            ("fake Attention, 0.2.5 row · old call", {
-                "native": lambda: a025("x", "x", "pos", "seg", model_mode="train", deterministic=True),
-                "adapter": lambda: w025("x", "x", "pos", "seg", model_mode="train", deterministic=True),
-            }),
-            ("fake Attention, 0.2.5 row · new call", {
-                "native": lambda: a025("x", "x", "pos", None, model_mode="autoregressive", kv_cache="KV",
-                                       attention_metadata="MD"),
-                "adapter": lambda: w025("x", "x", "pos", None, model_mode="autoregressive", kv_cache="KV",
-                                        attention_metadata="MD"),
-            }),
-            ("fake LlamaDecoderLayer, 0.2.5 row · new call", {
-                "native": lambda: l025("x", None, "pos", True, "autoregressive", kv_cache="KV",
-                                       attention_metadata="MD"),
-                "patched class (known-defects)": lambda: pl025("x", None, "pos", True, "autoregressive",
-                                                               kv_cache="KV", attention_metadata="MD"),
-            }),
-        ):  # fmt: skip
-            env, figure = REAL_REF[prefix]
-            ref = {"env": env, "figure": figure, "overhead": True}
+        for prefix, variants in per_release:
+            release = prefix.split(", ")[1].split(" ")[0]
+            ref = {"env": "maxtext-0.2.5", "figure": _LAYER, "overhead": True} if "Layer" in prefix else _ref(release)
             out += rows_for(prefix, measure(variants, FAKE_ROUNDS, FAKE_CALLS), how, ref)
+    shims.unregister_profile("bench-fakes")
     return out
 
 

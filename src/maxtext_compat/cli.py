@@ -82,8 +82,10 @@ def _cmd_envs(args: argparse.Namespace) -> int:
         m.environment(args.names[0])
         print(envs.env_python(args.names[0]))
         return 0
+    # `envs list NAME ...`: those environments only; an unknown name is a MatrixError naming the known ones
+    specs = [m.environment(name) for name in args.names] if args.names else list(m.environments.values())
     rows = []
-    for spec in m.environments.values():
+    for spec in specs:
         st = envs.status(spec)
         rows.append(
             {

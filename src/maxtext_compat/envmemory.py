@@ -153,6 +153,11 @@ class Admission:
                 return name
         return None
 
+    def startable(self) -> str | None:
+        """The environment `next()` would start now without waiting (None: it would wait, or none is left)."""
+        with self._cond:
+            return self._first_fitting() if self._order else None
+
     def next(self) -> str | None:
         """The next environment to start (blocks until one fits); None when every one has started."""
         with self._cond:

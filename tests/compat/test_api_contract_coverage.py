@@ -162,12 +162,13 @@ def _structural(hint: Any) -> Any:
         return args[0]
     if origin is tuple and args and args[-1] is not Ellipsis:
         return tuple(_sample(a) for a in args)
+    # Containers hold one sampled item, so the contract's check of every item runs on the valid side too.
     if origin in (tuple, list, set, frozenset):
-        return origin()
+        return origin([_sample(args[0])]) if args else origin()
     if origin in (dict,) or (origin is not None and issubclass(origin, typing.Mapping)):
-        return {}
+        return {_sample(args[0]): _sample(args[1])} if len(args) == 2 else {}
     if origin is not None and isinstance(origin, type) and issubclass(origin, typing.Iterable):
-        return ()
+        return (_sample(args[0]),) if args else ()
     if (origin is not None and origin.__name__ == "Callable") or hint is typing.Callable:
         return lambda *a, **k: None
     if origin is type:

@@ -20,6 +20,7 @@ import pytest
 from maxtext_compat.errors import (
     CacheCapacityError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     KernelUnavailableError,
     KVCacheNotUpdatedError,
 )
@@ -140,6 +141,59 @@ def allocate_no_layers() -> Any:
     return paged.KVCacheLayout(6, 16, 2, 128).allocate(0)
 
 
+@cache
+def tiny_model() -> Any:
+    """(cfg, mesh, the wrapped tiny Transformer) of the installed release, as a server would build it."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from maxtext_compat.adapters import wrap
+    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.testing import tiny
+
+    assert cpu_rpa.install().active
+    row = tiny.installed_row()
+    cfg = tiny.tiny_config("default", vllm=row.has_kv_params)
+    if row.has_kv_params:  # vllm.yml meshes have no ici knob for 'model': one device, every axis 1
+        mesh = Mesh(np.array(jax.devices()[:1]).reshape([1] * len(cfg.mesh_axes)), cfg.mesh_axes)
+    else:
+        mesh = tiny.tiny_mesh(cfg)
+    with tiny.mesh_context(cfg, mesh):
+        model = tiny.tiny_transformer(cfg, mesh, model_mode="autoregressive" if row.has_kv_params else None)
+    return cfg, mesh, wrap(model)
+
+
+def new_call(layers_delta: int = 0, *, attention: bool = False, cache: Any = None) -> Any:
+    """A writing new call of the tiny model with `layers_delta` caches more than layers, or (attention=True) of a
+    tiny Attention with `cache` as its kv_cache; eager, so each check runs before anything is traced."""
+    from maxtext_compat.adapters import wrap
+    from maxtext_compat.testing import tiny
+
+    cfg, mesh, model = tiny_model()
+    tokens, pos, caches, md = _new_call_step(cfg)
+    mode = {"model_mode": "autoregressive"} if tiny.installed_row().has_kv_params else {}
+    with tiny.mesh_context(cfg, mesh):
+        if attention:
+            attn = wrap(tiny.tiny_attention(cfg, mesh, batch=40, seq=1, **mode))
+            x = jnp().zeros((40, 1, cfg.emb_dim))
+            return attn(x, x, pos, None, model_mode="autoregressive", kv_cache=cache, attention_metadata=md)
+        kvs = (
+            list(caches) + list(caches[:layers_delta])
+            if layers_delta > 0
+            else list(caches)[: len(caches) + layers_delta]
+        )
+        return model(tokens, pos, kv_caches=kvs, attention_metadata=md, model_mode="autoregressive")
+
+
+def a_cache(dtype: str = "float32", *, as_list: bool = False) -> Any:
+    from maxtext_compat import paged
+
+    cfg = tiny_model()[0]
+    one = paged.KVCacheLayout(8, 16, cfg.num_kv_heads, cfg.head_dim, dtype).allocate(1)[0]
+    return [one] if as_list else one
+
+
 def kernel_order_wrong_rows() -> Any:
     import numpy as np
 
@@ -223,6 +277,30 @@ CASES: list[Any] = [
          "layout.with_tp"),
     Case("allocate-no-layers", "paged cache", "`layout.allocate(0)`",
          allocate_no_layers, InvalidArgumentError, ("[num_layers]",), "pass num_layers >= 1"),
+    Case("rpa-sm-scale-nan", "kernel options", "sm_scale=float('nan') (every output row would be NaN)",
+         lambda: rpa_call(sm_scale=float("nan")), InvalidArgumentError, ("[sm_scale]", "finite", "nan"),
+         "pass sm_scale as a finite float"),
+    Case("rpa-kv-cache-as-list", "paged cache", "kv_cache given as a Python list of numbers",
+         lambda: rpa_call(kv_cache=step().kv_cache.tolist()), InvalidArgumentTypeError, ("[kv_cache]", "list"),
+         "not a Python list"),
+    Case("rpa-metadata-as-lists", "metadata arrays", "tpu-inference-style metadata whose arrays are Python lists",
+         lambda: rpa_call(metadata=types.SimpleNamespace(**{k: list(v) for k, v in vars(raw()).items()})),
+         InvalidArgumentTypeError, ("[metadata]", "int32 arrays"), "Python lists are not arrays"),
+    Case("transformer-one-cache-fewer", "adapters",
+         "a Transformer new call with one KV cache fewer than its decoder layers (0.2.5: a raw IndexError before)",
+         lambda: new_call(-1), InvalidArgumentError, ("[kv_caches]", "1 KV cache(s) for 2 decoder layers"),
+         "pass exactly one KV cache per decoder layer"),
+    Case("transformer-one-cache-more", "adapters",
+         "a Transformer new call with one KV cache more than its decoder layers (0.2.5: handed back unwritten before)",
+         lambda: new_call(1), InvalidArgumentError, ("[kv_caches]", "3 KV cache(s) for 2 decoder layers"),
+         "pass exactly one KV cache per decoder layer"),
+    Case("attention-cache-as-list", "adapters", "an Attention new call with kv_cache=[cache] (a list of one)",
+         lambda: new_call(attention=True, cache=a_cache(as_list=True)), InvalidArgumentTypeError,
+         ("[kv_cache]", "not a list"), "pass this layer's cache"),
+    Case("attention-cache-of-another-dtype", "adapters",
+         "a bfloat16 KV cache for a float32 layer (0.2.5: a raw ValueError inside tpu-inference; 0.1.0 cast it)",
+         lambda: new_call(attention=True, cache=a_cache("bfloat16")), InvalidArgumentError,
+         ("[kv_cache]", "float32"), "KVCacheLayout(...).allocate"),
     Case("kernel-order-wrong-rows", "metadata builder", "3 token rows for a 16-token batch in `to_kernel_order`",
          kernel_order_wrong_rows, InvalidArgumentError, ("[x]", "16 rows"),
          "pass x with one row per new token of this step"),

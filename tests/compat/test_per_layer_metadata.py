@@ -4,9 +4,9 @@ tpu-inference (0.28 and later) hands a model a dict of AttentionMetadata keyed b
 KV-cache groups. MaxText 0.2.5's NNXDecoder reads `md.get("layer.{i}", md.get(i))` per layer, so a dict
 without a layer's key gives that layer None, and its attention returns a dummy result without writing the
 cache. Through the adapters: a dict is passed on where the release reads it (0.2.5) once every layer has an
-entry, collapsed to its one object where every layer shares it (the 0.1.0 backport, eagerly), and refused
-otherwise. Results are compared with the same step given one AttentionMetadata: logits and every KV cache
-equal, element for element.
+entry, and on 0.1.0 the backport hands each layer its own entry too (it refused several KV-cache groups
+before, where 0.2.5 ran them: issue 35, the two paths agree); refused otherwise. Results are compared with the
+same step given one AttentionMetadata: logits and every KV cache equal, element for element.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def step():
                       attention_metadata=metadata, model_mode="autoregressive")  # fmt: skip
 
     run.native = native
+    run.layout, run.pages, run.md = layout, [s.pages for s in seqs], md
     return run, md.to_attention_metadata(), num_layers
 
 
@@ -96,16 +97,25 @@ def test_a_dict_missing_a_layer_is_refused_instead_of_running_that_layer_without
     assert e.value.argument == "attention_metadata" and f"[{layers - 1}]" in str(e.value)
 
 
-@pytest.mark.envs("maxtext-0.1.0-jax011")  # 0.2.5 reads per-layer metadata itself
-def test_several_kv_cache_groups_are_refused_where_every_layer_shares_one_metadata(step):
+def test_several_kv_cache_groups_each_write_where_their_own_metadata_says(step):
+    """Layer 0 in one KV-cache group, the others in a second with other pages: every layer's K/V is where its own
+    metadata says, and the hidden state is the single group's (0.2.5 natively; the backport since issue 35)."""
     run, md, layers = step
-    other = paged.build_metadata(
-        [paged.SequenceSlice(5, 5, (2,), "C")], paged.KVCacheLayout(4, 16, 1, 128, "float32"), max_num_tokens=16,
-        max_num_seqs=2, pages_per_seq=1,
-    ).to_attention_metadata()  # fmt: skip
-    with pytest.raises(InvalidArgumentError, match=r"0\.2\.5 or newer") as e:
-        run({"layer.0": md, **{f"layer.{i}": other for i in range(1, layers)}})
-    assert e.value.argument == "attention_metadata"
+    other = paged.PageAllocator(4, 16, reserved=(0, 1))  # the same requests on other pages
+    seqs = [paged.SequenceSlice(n, n, other.allocate(s, n), s) for s, n in LENGTHS.items()]
+    assert [s.pages for s in seqs] != run.pages
+    md2 = paged.build_metadata(seqs, run.layout, max_num_tokens=16, max_num_seqs=2, pages_per_seq=1)
+    assert md2.token_order == run.md.token_order  # the same kernel order: the same tokens and positions
+    want_hidden, want_caches = run(md)
+    hidden, caches = run({"layer.0": md, **{f"layer.{i}": md2.to_attention_metadata() for i in range(1, layers)}})
+    _equal(hidden, want_hidden)
+    for layer in range(layers):
+        pages = run.pages if layer == 0 else [s.pages for s in seqs]
+        for i, (rid, n) in enumerate(LENGTHS.items()):
+            got = paged.read_kv(caches[layer], run.layout, pages[i], n)
+            want = paged.read_kv(want_caches[layer], run.layout, run.pages[i], n)
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"layer {layer}, request {rid}")
 
 
 def test_a_layer_given_the_whole_dict_is_refused(step):

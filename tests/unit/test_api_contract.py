@@ -15,8 +15,9 @@ import math
 import numbers
 import subprocess
 import sys
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,6 +36,11 @@ def sized(n: PositiveInt, scale: FiniteFloat = 1.0, pad: float = 0.0, *, name: s
 @checked
 def pages_of(request_id: Hashable, pages: IntSequence) -> tuple[int, ...]:
     return tuple(pages)
+
+
+@checked
+def anything_in(items: Sequence[Any], table: dict[str, Any]) -> int:
+    return len(items) + len(table)
 
 
 class NumpyLikeInt:
@@ -89,6 +95,12 @@ def test_every_item_of_a_page_list_is_checked_not_a_sample():
         pages[i] = 2.5
         assert _refusal(lambda p=pages: pages_of("a", p)).argument == f"pages[{i}]"  # the item, by its index
     assert _refusal(lambda: pages_of(["a"], [1])).argument == "request_id"  # a list is not hashable
+
+
+def test_a_container_of_any_takes_any_items():
+    """Found: on Python 3.11+ typing.Any is a class, and checking each item with isinstance(x, Any) raised."""
+    assert anything_in([object(), None, 1.5], {"a": object()}) == 4
+    assert _refusal(lambda: anything_in([1], {1: 2})).argument == "table key 1"
 
 
 def test_a_call_that_does_not_fit_the_signature_is_typed_and_shows_it():

@@ -259,7 +259,19 @@ def stale_slice() -> Any:
     return cut
 
 
-def allocator(num_pages: int = 2, page_size: int = 4) -> Any:
+def freed_and_reused_pages() -> Any:
+    """A slice built by hand from request 'a''s pages after 'a' was freed and 'b' got them."""
+    from maxtext_compat.paged import PageAllocator, SequenceSlice
+
+    alloc = PageAllocator(16, 16)
+    _ALIVE.append(alloc)
+    pages = alloc.pages(alloc.append("a", 20).request_id)
+    alloc.free("a")
+    alloc.append("b", 20)
+    return SequenceSlice(1, 20, pages, "a")
+
+
+def allocator(num_pages: Any = 2, page_size: Any = 4) -> Any:
     from maxtext_compat.paged import PageAllocator
 
     return PageAllocator(num_pages, page_size)
@@ -505,6 +517,24 @@ CASES: list[Case] = [
          "allocate (or append to) the request first"),
     Case("allocator-without-pages", "paged cache", "`PageAllocator(0, 4)`",
          lambda: allocator(0, 4), InvalidArgumentError, ("[num_pages]", ">= 1"), "pass num_pages >= 1"),
+    Case("allocator-float-count", "paged cache", "`PageAllocator(16.0, 16)` (a whole float)",
+         lambda: allocator(16.0, 16), InvalidArgumentTypeError, ("[num_pages]", "16.0 (float)"),
+         "a float would be truncated"),
+    Case("allocator-str-count", "paged cache", "`PageAllocator(\"16\", 16)`",
+         lambda: allocator("16", 16), InvalidArgumentTypeError, ("[num_pages]", "'16' (str)"),
+         "a str is not converted"),
+    Case("allocator-bool-count", "paged cache", "`PageAllocator(True, 16)` (a bool is an int to Python)",
+         lambda: allocator(True, 16), InvalidArgumentTypeError, ("[num_pages]", "True (bool)"),
+         "True/False is not a count"),
+    Case("allocator-float-page-size", "paged cache", "`PageAllocator(16, 16.5).append(\"a\", 1)`",
+         lambda: allocator(16, 16.5).append("a", 1), InvalidArgumentTypeError, ("[page_size]", "16.5"),
+         "pass page_size as an int >= 1"),
+    Case("append-float-q-len", "paged cache", "`append(\"a\", q_len=2.5)`",
+         lambda: allocator(16, 16).append("a", q_len=2.5), InvalidArgumentTypeError, ("[q_len]", "2.5"),
+         "pass q_len as an int >= 1"),
+    Case("append-list-request-id", "paged cache", "`append([\"a\"], 3)` (a list as the request id)",
+         lambda: allocator(16, 16).append(["a"], 3), InvalidArgumentTypeError, ("[request_id]", "hashable"),
+         "pass request_id as a hashable value"),
     Case("block-table-too-narrow", "paged cache", "a block table narrower than a request's pages",
          lambda: fill(allocator(8, 4), ("a", 9)).block_table(["a"], 2), CacheCapacityError,
          ("[pages_per_seq]", "3"), "raise pages_per_seq"),
@@ -577,6 +607,14 @@ CASES: list[Case] = [
     Case("negative-position", "metadata arrays", "input_positions[0] = -1 for a 5-token prefill",
          lambda: check(input_positions=[-1, 1, 2, 3, 4]), InvalidArgumentError,
          ("[input_positions[0]]", "RoPE"), "kv_len - q_len ... kv_len - 1"),
+    Case("max-num-seqs-float", "metadata builder", "`build_metadata(..., max_num_seqs=2.0)`",
+         lambda: build([seq(1, 1, (0,))], max_num_seqs=2.0), InvalidArgumentTypeError, ("[max_num_seqs]", "2.0"),
+         "pass max_num_seqs as an int >= 1 or None"),
+    Case("slice-from-freed-pages", "metadata builder",
+         "a SequenceSlice built by hand from pages freed and handed to another request (it wrote over their K/V)",
+         lambda: build([freed_and_reused_pages()], max_num_tokens=8, max_num_seqs=2, pages_per_seq=4),
+         StaleSliceError, ("[seqs[0] (request 'a').pages]", "belongs to request 'b' now"),
+         "cut a new slice with PageAllocator.append"),
     Case("slice-after-free", "metadata builder", "a SequenceSlice used after PageAllocator.free()",
          lambda: build([stale_slice()], max_num_tokens=8, max_num_seqs=2, pages_per_seq=4), StaleSliceError,
          ("[seqs[0] (request 'a')]", "was freed"), "cut a new slice with PageAllocator.append"),
@@ -666,6 +704,9 @@ CASES: list[Case] = [
          ("-matrix.yaml]", "duplicate key"), "fix the YAML syntax", kind="exit"),
     Case("cli-envs-python-no-name", "CLI", "`maxtext-compat envs python` without a name",
          cli("envs", "python"), CompatError, ("[names]", "exactly one"), "envs python maxtext-0.2.5", kind="exit"),
+    Case("cli-envs-list-unknown", "CLI", "`maxtext-compat envs list no-such-env` (listed every environment, exit 0)",
+         cli("envs", "list", "no-such-env"), MatrixError, ("environments", "'no-such-env'"),
+         "maxtext-compat envs", kind="exit"),
     Case("cli-envs-python-unknown", "CLI", "`maxtext-compat envs python no-such-env`",
          cli("envs", "python", "no-such-env"), MatrixError, ("environments", "'no-such-env'"),
          "maxtext-compat envs", kind="exit"),

@@ -85,6 +85,14 @@ def test_envs_lists_every_matrix_environment(capsys):
     assert {"unit", "maxtext-0.2.5", "maxtext-0.1.0", "maxtext-0.1.0-jax011"} <= names
 
 
+def test_envs_list_shows_the_named_environments_and_refuses_an_unknown_one(capsys):
+    """Found: `envs list NAME` ignored NAME, listed every environment and exited 0 for a typo."""
+    code, out, _ = run(capsys, "envs", "list", "unit", "maxtext-0.2.5", "--json")
+    assert code == 0 and [e["name"] for e in json.loads(out)] == ["unit", "maxtext-0.2.5"]
+    code, out, err = run(capsys, "envs", "list", "unit", "no-such-env")
+    assert code == 2 and "MatrixError" in err and "no environment named 'no-such-env'" in err and not out
+
+
 def test_envs_python_needs_exactly_one_known_name(capsys):
     code, _, err = run(capsys, "envs", "python")
     assert code == 2 and "exactly one" in err

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -17,74 +16,47 @@ from maxtext_compat.errors import InvalidArgumentError
 pytestmark = pytest.mark.envs("unit")
 
 
-def _drain(gate: envmemory.Admission, hold: dict[str, threading.Event], log: list[tuple[str, frozenset[str]]]):
-    """Start each admitted name in a thread that ends when its event is set; log who ran alongside it."""
-    running: set[str] = set()
-    lock = threading.Lock()
-
-    def work(name: str) -> None:
-        hold[name].wait(5)
-        with lock:
-            running.discard(name)
-        gate.finished(name)
-
-    threads = []
-    while (name := gate.next()) is not None:
-        with lock:
-            running.add(name)
-            log.append((name, frozenset(running)))
-        t = threading.Thread(target=work, args=(name,))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+HANG_GUARD_S = 600  # only a hang reaches it: every wait below is for an event, whatever the machine's load
 
 
 def test_environments_start_longest_first_only_while_their_peaks_fit():
     order = ["big-a", "big-b", "big-c", "small"]
     peaks = {"big-a": 8.0, "big-b": 8.0, "big-c": 8.0, "small": 1.0}
     gate = envmemory.Admission(order, peaks, jobs=3, budget_gb=18.0)
-    hold = {n: threading.Event() for n in order}
-    log: list[tuple[str, frozenset[str]]] = []
-    t = threading.Thread(target=_drain, args=(gate, hold, log))
-    t.start()
-    time.sleep(0.3)
     # big-c (8 GB) does not fit beside 16 GB; small (1 GB) does, and starts before it
-    assert [n for n, _ in log] == ["big-a", "big-b", "small"]
-    hold["big-a"].set()
-    time.sleep(0.3)
-    assert [n for n, _ in log] == ["big-a", "big-b", "small", "big-c"]  # 8 + 1 + 8 <= 18
-    for e in hold.values():
-        e.set()
-    t.join(5)
-    assert all(len(with_) <= 3 for _, with_ in log)
-    assert sum(peaks[n] for n in log[-1][1]) <= 18.0
+    assert [gate.next(), gate.next(), gate.next()] == ["big-a", "big-b", "small"]
+    assert gate.startable() is None  # next() would wait: 8 + 8 + 1 + 8 > 18
+    gate.finished("big-a")
+    assert gate.startable() == "big-c" and gate.next() == "big-c"  # 8 + 1 + 8 <= 18
+    assert gate.next() is None
+
+
+def test_a_waiting_start_wakes_when_an_environment_finishes():
+    """next() blocks while nothing fits and returns when finished() makes room (no sleep: the result is waited on)."""
+    gate = envmemory.Admission(["a", "b"], {"a": 8.0, "b": 8.0}, jobs=2, budget_gb=10.0)
+    assert gate.next() == "a" and gate.startable() is None
+    started: list[str | None] = []
+    t = threading.Thread(target=lambda: started.append(gate.next()))
+    t.start()
+    gate.finished("a")  # whether the thread already waits or not, it must now get "b"
+    t.join(HANG_GUARD_S)
+    assert started == ["b"]
 
 
 def test_an_environment_larger_than_the_budget_runs_alone_and_unknown_ones_count_as_heavy():
     gate = envmemory.Admission(["huge", "new"], {"huge": 50.0}, jobs=3, budget_gb=10.0)
     assert gate.next() == "huge"  # nothing running: it starts, alone
-    started: list[str | None] = []
-    t = threading.Thread(target=lambda: started.append(gate.next()))
-    t.start()
-    time.sleep(0.2)
-    assert started == []  # "new" (no record: 8 GB) waits for "huge"
+    assert gate.startable() is None  # "new" (no record: 8 GB) waits for "huge"
     gate.finished("huge")
-    t.join(5)
-    assert started == ["new"] and gate.next() is None
+    assert gate.next() == "new" and gate.next() is None
 
 
 def test_jobs_caps_the_count_even_when_memory_allows():
     gate = envmemory.Admission(["a", "b", "c"], {"a": 0.1, "b": 0.1, "c": 0.1}, jobs=2, budget_gb=100.0)
     assert [gate.next(), gate.next()] == ["a", "b"]
-    started: list[str | None] = []
-    t = threading.Thread(target=lambda: started.append(gate.next()))
-    t.start()
-    time.sleep(0.2)
-    assert started == []
+    assert gate.startable() is None
     gate.finished("b")
-    t.join(5)
-    assert started == ["c"]
+    assert gate.next() == "c"
 
 
 def test_tree_memory_counts_the_children():
@@ -107,9 +79,18 @@ def test_tree_memory_counts_the_children():
 
 
 def test_the_sampler_keeps_the_highest_reading():
-    readings = iter([1.0, 3.5, 2.0] + [0.5] * 1000)
-    with envmemory.PeakSampler(1, interval=0.01, reader=lambda _pid: next(readings)) as sampler:
-        time.sleep(0.2)
+    readings = iter([1.0, 3.5, 2.0] + [0.5] * 100_000)
+    read_three = threading.Event()
+    count = [0]
+
+    def reader(_pid: int) -> float:
+        count[0] += 1
+        if count[0] >= 3:
+            read_three.set()
+        return next(readings)
+
+    with envmemory.PeakSampler(1, interval=0.001, reader=reader) as sampler:
+        assert read_three.wait(HANG_GUARD_S)  # the third reading, however slow the machine
     assert sampler.peak_gb == 3.5
 
 

@@ -22,10 +22,12 @@ from maxtext_compat.convention.kinds import CLASS_KINDS, kind_named
 from maxtext_compat.convention.rule import (
     RULE_APPLIED,
     CallSite,
+    RuleShimOf,
     call_rule,
     call_rule_wrapper,
     is_row_class,
     is_rule_wrapper,
+    rule_shims_made,
 )
 from maxtext_compat.convention.signature import advertised_signature, kind_from_signature, native_signature
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -89,18 +91,23 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
         advertised = advertised_signature(native, k)
         where = f"{cls.__qualname__}.__call__"
 
-        def native_call(module: Any, **kw: Any) -> Any:
+        def native_call(module: Any, kw: dict[str, Any]) -> Any:
+            call = cls.__call__  # looked up per call: backport hooks may be installed since
+            if not rule_shims_made():  # read after the lookup: a rule shim written since was made before it
+                return call(module, **kw)  # no rule shim exists in this process: nothing to tell one
             token = RULE_APPLIED.set(id(module))  # a rule shim further down passes this call through
             try:
-                return cls.__call__(module, **kw)  # looked up per call: backport hooks may be installed since
+                return call(module, **kw)
             finally:
                 RULE_APPLIED.reset(token)
 
         site = CallSite(k, r, native, advertised, where)
+        # One read of cls.__call__ per call: the decision and the call agree. is_rule_wrapper is this module's
+        # name (looked up when the entry changes), so a test can stand in for it to replay an uninstall race.
+        rule_shim = RuleShimOf(cls, lambda raw: is_rule_wrapper(raw))
 
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            raw = inspect.getattr_static(cls, "__call__")  # one read: the decision and the call agree
-            shim = is_rule_wrapper(raw)
+            shim = rule_shim()
             if shim is not None:  # the vllm-backport shim already applies the rule to this class
                 return call_rule_wrapper(shim, self, cls, args, kwargs)
             return call_rule(site, self, native_call, args, kwargs)

@@ -61,14 +61,14 @@ def bearable(value: Any, hint: Any) -> bool:
 
 def _tester(hint: Any) -> Callable[[Any], bool]:
     """A fast test of one item against `hint` (ours)."""
+    if hint is Any:  # a class since Python 3.11: before the isinstance branch
+        return lambda x: True
     if hint is int:
         return is_int
     if hint is float:
         return is_number
     if isinstance(hint, type) and hint not in (bool, numbers.Integral, numbers.Real):
         return lambda x: isinstance(x, hint)
-    if hint is Any:
-        return lambda x: True
     from beartype.door import is_bearable
 
     checked, c = to_beartype(hint), conf()

@@ -19,13 +19,14 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from maxtext_compat.contract import checked
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import CALLER_CONVENTIONS, MaxTextRow
+from maxtext_compat.switches import env
 
 ENV = "MAXTEXT_COMPAT_CONVENTION"
 AUTO, LEGACY, KV_RETURN = CALLER_CONVENTIONS
@@ -116,26 +117,69 @@ def layers(row: MaxTextRow | None) -> list[Declared]:
     return out
 
 
-def declared(row: MaxTextRow | None, module_value: str | None = None) -> Declared:
-    """The convention in force for a call from user code on `row` (module_value: wrap(convention=))."""
+def row_declaration(row: MaxTextRow) -> Declared:
+    """The matrix row's default (its `callers:`), where it comes from included."""
+    return Declared(row.callers, f"compat_matrix.yaml row {row.name} (callers:)")
+
+
+def declared(row: MaxTextRow | None, module_value: str | None = None, row_default: Declared | None = None) -> Declared:
+    """The convention in force for a call from user code on `row` (module_value: wrap(convention=)).
+
+    `layers(row)[0]`, without building the other layers: every adapter call asks."""
     if module_value is not None:
-        return Declared(module_value, "wrap(convention=)")
-    return layers(row)[0]
+        return _cached(("wrap", module_value), lambda: Declared(module_value, "wrap(convention=)"))
+    found = _scope.get()
+    if found is not None:
+        return found
+    process = _process[:1]  # one read (a concurrent set_caller_convention swaps the list's contents)
+    if process:
+        return process[0]
+    raw = env(ENV)
+    if raw:
+        return _cached(("env", raw), lambda: Declared(check(raw, ENV), f"${ENV}"))
+    if row is None:
+        return _cached(("default",), lambda: Declared(AUTO, "default"))
+    return row_default if row_default is not None else row_declaration(row)
 
 
-def for_call(row: MaxTextRow, module_value: str | None = None) -> Declared:
+_DECLARED: dict[tuple[str, ...], Declared] = {}
+
+
+def _cached(key: tuple[str, ...], make: Callable[[], Declared]) -> Declared:
+    """One Declared per value and source (immutable), made on first use; an invalid one is never cached."""
+    found = _DECLARED.get(key)
+    if found is None:
+        found = _DECLARED.setdefault(key, make())
+    return found
+
+
+_BY_MAXTEXT = Declared(NATIVE, "a call made by MaxText itself")
+_BY_US = Declared(AUTO, "a call made by maxtext-compat itself")
+
+
+def for_call(row: MaxTextRow, module_value: str | None = None, row_default: Declared | None = None) -> Declared:
     """The convention for the call being made now.
 
     MaxText's own calls get NATIVE: a call that names no KV argument runs exactly as the release
     runs it (whatever it returns); one that does follows the per-call rule, so its KV writes are
     checked. Calls made by maxtext-compat itself (serving, test helpers) follow the per-call rule.
+    row_default: `row_declaration(row)`, made once by the caller (every adapter call asks).
     """
     caller = _caller_library()
     if caller == "maxtext":
-        return Declared(NATIVE, "a call made by MaxText itself")
+        return _BY_MAXTEXT
     if caller == "ours":
-        return Declared(AUTO, "a call made by maxtext-compat itself")
-    return declared(row, module_value)
+        return _BY_US
+    if module_value is None and row_default is not None:  # declared(), inlined: the common case of every call
+        found = _scope.get()
+        if found is not None:
+            return found
+        process = _process[:1]
+        if process:
+            return process[0]
+        if not env(ENV):
+            return row_default
+    return declared(row, module_value, row_default)
 
 
 # Frames of the call machinery between the caller and the module: skipped when looking for the caller.
@@ -144,14 +188,36 @@ _PLUMBING = ("flax", "jax", "jaxlib", "wrapt", "contextlib", "functools")
 _MAXTEXT = ("MaxText", "maxtext")
 
 
+_SKIP = "skip"  # a frame of the machinery or of flax/jax: look further out
+# A code object belongs to one module: classified once, by identity (equal code objects of two modules, e.g. the
+# same one-line lambda, compare equal), the object kept so its id is not reused.
+_KIND_OF_CODE: dict[int, tuple[types.CodeType, str | None]] = {}
+
+
+def _classify(frame: types.FrameType) -> str | None:
+    name = frame.f_globals.get("__name__", "")
+    top = name.partition(".")[0]
+    if name.startswith(_MACHINERY) or top in _PLUMBING:
+        return _SKIP
+    return "maxtext" if top in _MAXTEXT else "ours" if top == "maxtext_compat" else None
+
+
 def _caller_library() -> str | None:
     """'maxtext' or 'ours' when the first frame outside the call machinery and flax/jax is MaxText's or
     ours; None for any other code (the user's, tpu-inference's, vLLM's)."""
     frame: types.FrameType | None = sys._getframe(1)
+    kinds = _KIND_OF_CODE
     while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        top = name.partition(".")[0]
-        if not (name.startswith(_MACHINERY) or top in _PLUMBING):
-            return "maxtext" if top in _MAXTEXT else "ours" if top == "maxtext_compat" else None
+        code = frame.f_code
+        known = kinds.get(id(code))
+        if known is not None and known[0] is code:
+            kind = known[1]
+        else:
+            kind = _classify(frame)
+            if len(kinds) > 4096:  # code objects of exec'd or generated functions: keep the cache bounded
+                kinds.clear()
+            kinds[id(code)] = (code, kind)
+        if kind is not _SKIP:
+            return kind
         frame = frame.f_back
     return None

@@ -9,7 +9,6 @@ decodes garbage without an error).
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from maxtext_compat.errors import (
     user_frame,
 )
 from maxtext_compat.matrix import POLICIES, MaxTextRow
+from maxtext_compat.switches import env, env_flag
 
 POLICY_ENV = "MAXTEXT_COMPAT_DEPRECATION"
 STRICT_ENV = "MAXTEXT_COMPAT_STRICT"
@@ -94,10 +94,15 @@ def strict_mode(strict: bool = True) -> Iterator[None]:
         set_strict(previous)  # type: ignore[arg-type]
 
 
+def forced_policy() -> str | None:
+    """The policy set for the process (set_deprecation_policy, then $MAXTEXT_COMPAT_DEPRECATION), unchecked."""
+    return _override.get("policy") or env(POLICY_ENV)  # type: ignore[return-value]
+
+
 def effective_policy(row: MaxTextRow, override: str | None = None) -> str:
     if override is not None:
         return override
-    forced = _override.get("policy") or os.environ.get(POLICY_ENV)
+    forced = _override.get("policy") or env(POLICY_ENV)
     if forced:
         if forced not in POLICIES:
             raise InvalidArgumentError(
@@ -117,18 +122,26 @@ def effective_strict(override: bool | None = None) -> bool:
     forced = _override.get("strict")
     if forced is not None:
         return bool(forced)
-    from maxtext_compat.switches import env_flag
-
     return env_flag(STRICT_ENV)
 
 
-def check_old_call(row: MaxTextRow, kind: str, where: str, override: str | None = None) -> None:
-    """Apply the deprecation policy to an old-convention call (the caller is two frames up)."""
+def past_deadline(row: MaxTextRow) -> bool:
+    """Whether `row`'s release is at or past the matrix's `ends_in` (old calls are then errors)."""
     dep = row.deprecation
-    past_deadline = dep.ends_in is not None and row.release >= Version(dep.ends_in)
-    policy = "error" if past_deadline else effective_policy(row, override)
+    return dep.ends_in is not None and row.release >= Version(dep.ends_in)
+
+
+def check_old_call(
+    row: MaxTextRow, kind: str, where: str, override: str | None = None, *, deadline_passed: bool | None = None
+) -> None:
+    """Apply the deprecation policy to an old-convention call (the caller is two frames up).
+
+    deadline_passed: `past_deadline(row)`, when the caller computed it once (every adapter call asks)."""
+    past = past_deadline(row) if deadline_passed is None else deadline_passed
+    policy = "error" if past else effective_policy(row, override)
     if policy == "ignore":
         return
+    dep = row.deprecation
     message = (
         f"old call convention for {where} on MaxText {row.name}"
         + (f" (deprecated since {dep.since}" if dep.since else " (")

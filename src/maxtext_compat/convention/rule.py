@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.convention import declared as callers
-from maxtext_compat.convention import policy
-from maxtext_compat.convention.kinds import KINDS, Kind, kind_named
+from maxtext_compat.convention import new_call, policy
+from maxtext_compat.convention.binding import NEW, OLD, make_fast_call
+from maxtext_compat.convention.kinds import KINDS, METADATA, Kind, kind_named
 from maxtext_compat.convention.returns import is_scan_carry
-from maxtext_compat.convention.translate import Translated, check_kv_writes, describe, translate
+from maxtext_compat.convention.translate import Translated, Translator, check_kv_writes, describe
 from maxtext_compat.errors import ConventionMismatchError, InvalidArgumentError, KVCacheNotUpdatedError
 from maxtext_compat.matrix import MaxTextRow
 
@@ -29,6 +30,17 @@ RULE_PROFILES = ("vllm-backport", "call-rule")  # shim profiles whose class wrap
 # The module whose call the adapter is running natively right now: a rule shim met on the way (one stacked
 # under another profile's wrapper, which is_rule_wrapper cannot see) must not apply the rule a second time.
 RULE_APPLIED: contextvars.ContextVar[int] = contextvars.ContextVar("maxtext_compat_rule_applied", default=0)
+_UNREAD = object()
+_RULE_SHIMS = [False]  # whether a rule shim was ever made in this process (then RULE_APPLIED is worth setting)
+
+
+def made_a_rule_shim() -> None:
+    """Called by a rule shim's factory before its wrapper is written (shims.maxtext_profiles)."""
+    _RULE_SHIMS[0] = True
+
+
+def rule_shims_made() -> bool:
+    return _RULE_SHIMS[0]
 
 
 def _mode(module: Any, kind: str, t: Translated, explicit: Any) -> str:
@@ -60,6 +72,32 @@ def is_rule_wrapper(raw: Any) -> Any:
     return layer.shim if layer is not None and layer.profile in RULE_PROFILES else None
 
 
+class RuleShimOf:
+    """`is_rule_wrapper` of a class's `__call__` entry, asked on every adapter call and answered again only when
+    the entry changed (a shim installed or removed): the answer depends on that object alone."""
+
+    __slots__ = ("cls", "decide", "seen")
+
+    def __init__(self, cls: type, decide: Callable[[Any], Any] = lambda raw: is_rule_wrapper(raw)) -> None:
+        self.cls, self.decide = cls, decide  # decide: is_rule_wrapper, asked only when the entry changes
+        self.seen: tuple[Any, Any] = (_MISSING, None)  # (the entry last seen, its shim), replaced as one
+
+    def __call__(self) -> Any:
+        raw = _MISSING
+        for klass in self.cls.__mro__:  # the raw entry, as inspect.getattr_static finds it, at a dict lookup's cost
+            raw = klass.__dict__.get("__call__", _MISSING)
+            if raw is not _MISSING:
+                break
+        seen, shim = self.seen
+        if raw is not seen:
+            shim = self.decide(raw)
+            self.seen = (raw, shim)
+        return shim
+
+
+_MISSING = object()
+
+
 def call_rule_wrapper(shim: Any, module: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run the shim's rule wrapper itself, whether or not its profile is still installed.
 
@@ -83,45 +121,77 @@ class CallSite:
     advertised: inspect.Signature
     where: str  # "Attention.__call__", for messages
     deprecation: bool = True
+    # Computed once here, read by every call (the eager path's cost: docs and benchmarks/bench_eager.py).
+    k: Kind = field(init=False, repr=False, compare=False)
+    translate: Translator = field(init=False, repr=False, compare=False)
+    takes_model_mode: bool = field(init=False, repr=False, compare=False)
+    row_default: callers.Declared = field(init=False, repr=False, compare=False)
+    scan_carry: bool = field(init=False, repr=False, compare=False)  # k.takes_scan_carry
+    has_kv_params: bool = field(init=False, repr=False, compare=False)  # row.has_kv_params
+    is_mla: dict[type, bool] = field(init=False, repr=False, compare=False)  # per module class, asked once
+    fast_call: Callable[..., tuple[Any, ...] | None] | None = field(init=False, repr=False, compare=False)
+    deadline_passed: bool = field(init=False, repr=False, compare=False)  # policy.past_deadline(row)
+    row_policy: str = field(init=False, repr=False, compare=False)  # row.deprecation.policy
+    runs_kernel: bool = field(init=False, repr=False, compare=False)  # k.runs_kernel
+    is_model: bool = field(init=False, repr=False, compare=False)  # k.is_model
+    vllm_modes: tuple[str, ...] = field(init=False, repr=False, compare=False)  # the row's vLLM attention modes
+    conventions: dict[type, Any] = field(init=False, repr=False, compare=False)  # wrap(convention=) per class
 
     def __post_init__(self) -> None:
-        kind_named(self.kind)  # a typed error for a kind the table does not have
+        object.__setattr__(self, "k", kind_named(self.kind))  # a typed error for a kind the table does not have
+        object.__setattr__(self, "translate", Translator(self.kind, self.row, self.native, self.advertised, self.where))
+        object.__setattr__(self, "takes_model_mode", "model_mode" in self.native.parameters)
+        object.__setattr__(self, "row_default", callers.row_declaration(self.row))
+        object.__setattr__(self, "scan_carry", self.k.takes_scan_carry)
+        object.__setattr__(self, "has_kv_params", self.row.has_kv_params)
+        object.__setattr__(self, "is_mla", {})
+        object.__setattr__(self, "conventions", {})
+        names = self.translate.native_names
+        object.__setattr__(self, "fast_call", make_fast_call(self.advertised, names, self.k.new_params))
+        object.__setattr__(self, "deadline_passed", policy.past_deadline(self.row))
+        object.__setattr__(self, "row_policy", self.row.deprecation.policy)
+        object.__setattr__(self, "runs_kernel", self.k.runs_kernel)
+        object.__setattr__(self, "is_model", self.k.is_model)
+        object.__setattr__(self, "vllm_modes", tuple(self.row.vllm.attention_modes) if self.row.vllm else ())
 
 
 def call_rule(
     site: CallSite, self: Any, native_call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    """The call rule: translate, run `native_call(module, **kwargs)`, return the caller's convention."""
-    kind, row, native, where = site.kind, site.row, site.native, site.where
+    """The call rule: translate, run `native_call(module, native_kwargs)`, return the caller's convention."""
+    kind, row, where, k = site.kind, site.row, site.where, site.k
     explicit_mode = None
-    if "model_mode" in kwargs and "model_mode" not in native.parameters:
+    if "model_mode" in kwargs and not site.takes_model_mode:
         explicit_mode = kwargs.pop("model_mode")  # a construction field in this release: consumed here
-    decl = callers.for_call(row, getattr(type(self), "_mc_convention", None))
-    k = KINDS[kind]
-    force_new = decl.value == callers.KV_RETURN and (not k.is_model or _vllm_config(self, row))
-    t = translate(kind, row, native, site.advertised, args, kwargs, where=where, force_new=force_new)
+    cls = type(self)
+    declared_by_class = site.conventions.get(cls, _UNREAD)
+    if declared_by_class is _UNREAD:  # getattr with a default on a class without it raises inside: once per class
+        declared_by_class = site.conventions[cls] = getattr(cls, "_mc_convention", None)
+    fast = None
+    if site.fast_call is not None:
+        try:
+            fast = site.fast_call(*args, **kwargs)  # the common calls in one step (convention.binding)
+        except TypeError:
+            fast = None  # a call that does not fit: the translator's typed error says why
+    if fast is not None and fast[0] is NEW and not isinstance(fast[3], Mapping):
+        # A call naming a KV argument follows the rule whoever makes it; only a declared 'legacy' refuses it, and
+        # only in code outside MaxText and us: who the caller is (a walk up the stack) is asked only then.
+        decl = callers.declared(row, declared_by_class, site.row_default)
+        if decl.value == callers.LEGACY:
+            decl = callers.for_call(row, declared_by_class, site.row_default)
+        t = Translated(fast[1], True, True, fast[2], fast[3])
+    else:
+        decl = callers.for_call(row, declared_by_class, site.row_default)
+        force_new = decl.value == callers.KV_RETURN and (not k.is_model or _vllm_config(self, row))
+        if fast is not None and fast[0] is OLD and not force_new:
+            return _old_call(site, self, native_call, fast[1], decl, explicit_mode, None)
+        t = site.translate(args, kwargs, force_new=force_new)
     if decl.value == callers.LEGACY and t.written:
         _refuse_new_call(kind, where, decl)
-    if decl.value == callers.NATIVE and not t.written:
-        return native_call(self, **t.kwargs)  # MaxText's own call: exactly what the release returns
-    first = next(iter(t.kwargs.values()), None)
-    if k.takes_scan_carry and is_scan_carry(first):
-        return native_call(self, **t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
     if not t.is_new:
-        if explicit_mode is not None and explicit_mode != getattr(self, "model_mode", explicit_mode):
-            raise InvalidArgumentError(
-                f"MaxText {row.name} fixes model_mode when {type(self).__qualname__} is constructed",
-                argument="model_mode",
-                expected=repr(getattr(self, "model_mode", None)),
-                found=repr(explicit_mode),
-                fix=f"construct the module with model_mode={explicit_mode!r}",
-            )
-        if site.deprecation:
-            policy.check_old_call(row, kind, where, self.__dict__.get("_mc_policy"))
-        result = native_call(self, **t.kwargs)
-        if row.has_kv_params:  # else the release's own return is the old convention, bit for bit
-            result = k.old_return(row, self, result)
-        return _constrain(result, t)
+        return _old_call(site, self, native_call, t.kwargs, decl, explicit_mode, t)
+    if site.scan_carry and is_scan_carry(next(iter(t.kwargs.values()), None)):
+        return native_call(self, t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
     mode = _mode(self, kind, t, explicit_mode)
     # Only a call that hands over a paged cache writes it; a new call with both None (MaxText's own
     # layers in training, or decoding with MaxText's own KV cache) runs natively and returns the new shape.
@@ -135,7 +205,7 @@ def call_rule(
             found="None",
             fix=f"pass {missing}=...; build both with maxtext_compat.paged (layout + build_metadata)",
         )
-    if writes and k.runs_kernel and _is_mla(self, row):
+    if writes and site.runs_kernel and _is_mla(site, self):
         raise InvalidArgumentError(
             f"{where}: MaxText's multi-head latent attention has no ragged-paged-attention path (MaxText {row.name})",
             argument="kv_cache",
@@ -144,12 +214,17 @@ def call_rule(
             fix="call MLA without kv_cache / attention_metadata (prefill / autoregressive use MaxText's own cache), "
             "or serve a model whose attention is MaxText's Attention",
         )
-    if row.has_kv_params and (writes or k.is_model):
-        _check_native_vllm(self, row, where, kind)
-    if row.has_kv_params:
-        if writes:
+    if site.has_kv_params and (writes or site.is_model):
+        cfg = getattr(self, "config", None)
+        if cfg is not None and getattr(cfg, "attention", None) not in site.vllm_modes:
+            _check_native_vllm(self, row, where, kind)  # refuses: the config selects no vLLM path
+    if writes:  # one set of checks before either path: the same input gets the same answer on every release
+        if new_call.check_new_call(k, self, row, t, where):  # array caches: what they are written with
             check_kv_writes(kind, t, where)
-        result = k.new_return(native_call(self, **t.kwargs))
+        if site.has_kv_params:
+            new_call.for_release(t, METADATA)
+    if site.has_kv_params:
+        result = k.new_return(native_call(self, t.kwargs))
     else:
         from maxtext_compat.convention.backport.call import backport_call
 
@@ -157,6 +232,39 @@ def call_rule(
     if writes and policy.effective_strict(self.__dict__.get("_mc_strict")):
         _check_kv(k, t.kv, result, where)
     return result
+
+
+def _old_call(
+    site: CallSite,
+    self: Any,
+    native_call: Callable[..., Any],
+    kwargs: dict[str, Any],
+    decl: callers.Declared,
+    explicit_mode: Any,
+    t: Translated | None,
+) -> Any:
+    """An old call (no KV argument named): the release's pre-#2616 return (`t`: the translation, when one was
+    needed, e.g. for out_sharding on 0.1.0)."""
+    if decl.value == callers.NATIVE:
+        return native_call(self, kwargs)  # MaxText's own call: exactly what the release returns
+    if site.scan_carry and is_scan_carry(next(iter(kwargs.values()), None)):
+        return native_call(self, kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
+    if explicit_mode is not None and explicit_mode != getattr(self, "model_mode", explicit_mode):
+        raise InvalidArgumentError(
+            f"MaxText {site.row.name} fixes model_mode when {type(self).__qualname__} is constructed",
+            argument="model_mode",
+            expected=repr(getattr(self, "model_mode", None)),
+            found=repr(explicit_mode),
+            fix=f"construct the module with model_mode={explicit_mode!r}",
+        )
+    if site.deprecation:
+        override = self.__dict__.get("_mc_policy")
+        if site.deadline_passed or override is not None or site.row_policy != "ignore" or policy.forced_policy():
+            policy.check_old_call(site.row, site.kind, site.where, override, deadline_passed=site.deadline_passed)
+    result = native_call(self, kwargs)
+    if site.has_kv_params:  # else the release's own return is the old convention, bit for bit
+        result = site.k.old_return(site.row, self, result)
+    return result if t is None or t.out_sharding is None else _constrain(result, t)
 
 
 def _vllm_config(module: Any, row: MaxTextRow) -> bool:
@@ -182,9 +290,13 @@ def is_row_class(cls: type, ref: Any) -> bool:
     return ref is not None and cls.__name__ == ref.qualname and cls.__module__ == ref.module
 
 
-def _is_mla(module: Any, row: MaxTextRow) -> bool:
-    ref = row.classes.get("mla")
-    return any(is_row_class(c, ref) for c in type(module).__mro__)
+def _is_mla(site: CallSite, module: Any) -> bool:
+    cls = type(module)
+    found = site.is_mla.get(cls)
+    if found is None:
+        ref = site.row.classes.get("mla")
+        found = site.is_mla[cls] = any(is_row_class(c, ref) for c in cls.__mro__)
+    return found
 
 
 def _constrain(result: Any, t: Translated) -> Any:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from maxtext_compat.convention.binding import make_binder
 from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.paged.guard import check_new_call
 
 # Why a parameter cannot be passed to a release that lacks it, and what to do instead.
 REFUSALS: dict[str, str] = {
@@ -34,7 +36,7 @@ REFUSALS: dict[str, str] = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class Translated:
     """The native keyword call plus what the adapter must do around it."""
 
@@ -44,7 +46,7 @@ class Translated:
     kv: Any = None  # kv_cache (attention / layer) or kv_caches (decoder / transformer)
     metadata: Any = None
     out_sharding: Any = None  # applied by the adapter when the release has no such parameter
-    dropped: list[str] = field(default_factory=list)
+    dropped: tuple[str, ...] = ()  # parameters the release lacks, passed as None: left out
 
 
 def bind(advertised: inspect.Signature, args: tuple[Any, ...], kwargs: Mapping[str, Any], where: str) -> dict:
@@ -65,6 +67,71 @@ def bind(advertised: inspect.Signature, args: tuple[Any, ...], kwargs: Mapping[s
     return arguments
 
 
+class Translator:
+    """`translate` for one call site: what does not change between calls (the binder, the release's parameter
+    names, the KV argument names) is computed once, when the adapter class or the shim wrapper is made."""
+
+    def __init__(
+        self, kind: str, row: MaxTextRow, native: inspect.Signature, advertised: inspect.Signature, where: str
+    ) -> None:
+        self.kind, self.row, self.native, self.advertised, self.where = kind, row, native, advertised, where
+        self.kv_name, self.md_name = KINDS[kind].new_params
+        self.native_names = frozenset(native.parameters)
+        self.native_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in native.parameters.values())
+        self.kv_in_native = self.kv_name in self.native_names
+        self._bind = make_binder(advertised)
+
+    def arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """What the caller passed, by parameter name (a call that does not fit is a typed error)."""
+        if self._bind is not None:
+            try:
+                return self._bind(*args, **kwargs)
+            except TypeError:
+                pass  # inspect binds it again, for the message of the typed error
+        return bind(self.advertised, args, kwargs, self.where)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, force_new: bool = False) -> Translated:
+        """Bind against the advertised signature and produce the native keyword call.
+
+        force_new: the caller declared `kv_return`, so a call naming no KV argument is a new call too.
+        """
+        arguments = self.arguments(args, kwargs)
+        kv_name, md_name = self.kv_name, self.md_name
+        # What the caller wrote decides the convention, not the values: `kv_cache=None` is a new call
+        # (code half-way through a migration passes None), and gets the new return.
+        written = kv_name in arguments or md_name in arguments
+        is_new = written or force_new
+        kv = arguments.pop(kv_name, None)
+        md = arguments.pop(md_name, None)
+        if isinstance(md, Mapping):
+            md = per_layer_metadata(self.kind, self.row, md, kv, self.where)
+        if self.native_var_kw or arguments.keys() <= self.native_names:  # every argument is the release's own
+            if is_new and self.kv_in_native:
+                arguments[kv_name], arguments[md_name] = kv, md
+            return Translated(arguments, is_new, written, kv, md)  # the bound arguments are the native call
+        out = Translated({}, is_new, written, kv, md)
+        if is_new and self.kv_in_native:
+            out.kwargs[kv_name] = kv
+            out.kwargs[md_name] = md
+        for name, value in arguments.items():
+            if name in self.native_names:
+                out.kwargs[name] = value
+            elif value is None:
+                out.dropped += (name,)  # absent and unset: nothing to translate
+            elif name == "out_sharding":
+                out.out_sharding = value  # 0.1.0 has no out_sharding: the adapter constrains the output
+            else:
+                reason = REFUSALS.get(name, "this release has no such parameter")
+                raise InvalidArgumentError(
+                    f"MaxText {self.row.name} cannot take `{name}` in {self.where}: {reason}",
+                    argument=name,
+                    expected=f"None (MaxText {self.row.name} has no `{name}` parameter)",
+                    found=describe(value),
+                    fix=reason,
+                )
+        return out
+
+
 def translate(
     kind: str,
     row: MaxTextRow,
@@ -76,45 +143,12 @@ def translate(
     where: str,
     force_new: bool = False,
 ) -> Translated:
-    """Bind against the advertised signature and produce the native keyword call.
-
-    force_new: the caller declared `kv_return`, so a call naming no KV argument is a new call too.
-    """
-    arguments = bind(advertised, args, kwargs, where)
-    kv_name, md_name = KINDS[kind].new_params
-    # What the caller wrote decides the convention, not the values: `kv_cache=None` is a new call
-    # (code half-way through a migration passes None), and gets the new return.
-    written = kv_name in arguments or md_name in arguments
-    is_new = written or force_new
-    kv = arguments.pop(kv_name, None)
-    md = arguments.pop(md_name, None)
-    if isinstance(md, Mapping):
-        md = per_layer_metadata(kind, row, md, kv, where)
-    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in native.parameters.values())
-    out = Translated(kwargs={}, is_new=is_new, written=written, kv=kv, metadata=md)
-    if is_new and kv_name in native.parameters:
-        out.kwargs[kv_name] = kv
-        out.kwargs[md_name] = md
-    for name, value in arguments.items():
-        if name in native.parameters or has_var_kw:
-            out.kwargs[name] = value
-        elif value is None:
-            out.dropped.append(name)  # absent and unset: nothing to translate
-        elif name == "out_sharding":
-            out.out_sharding = value  # 0.1.0 has no out_sharding: the adapter constrains the output
-        else:
-            reason = REFUSALS.get(name, "this release has no such parameter")
-            raise InvalidArgumentError(
-                f"MaxText {row.name} cannot take `{name}` in {where}: {reason}",
-                argument=name,
-                expected=f"None (MaxText {row.name} has no `{name}` parameter)",
-                found=describe(value),
-                fix=reason,
-            )
-    return out
+    """Bind against the advertised signature and produce the native keyword call (see Translator, which a call
+    site builds once)."""
+    return Translator(kind, row, native, advertised, where)(args, kwargs, force_new=force_new)
 
 
-def _layer_entry(md: Mapping[Any, Any], layer: int) -> Any:
+def layer_entry(md: Mapping[Any, Any], layer: int) -> Any:
     """The key MaxText 0.2.5's NNXDecoder reads for a layer: "layer.{i}", else the index itself."""
     return md.get(f"layer.{layer}", md.get(layer))
 
@@ -140,7 +174,7 @@ def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: An
             found=f"a dict with {len(md)} entries and kv_caches={describe(kv)}",
             fix="pass kv_caches= with the per-layer dict, or one AttentionMetadata",
         )
-    entries = [_layer_entry(md, i) for i in range(layers)]
+    entries = [layer_entry(md, i) for i in range(layers)]
     missing = [i for i, e in enumerate(entries) if e is None]
     if missing:
         raise InvalidArgumentError(
@@ -151,9 +185,11 @@ def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: An
             fix="give every layer its metadata (a layer without one would run without its KV cache)",
         )
     if row.vllm is not None and row.vllm.per_layer_metadata:
-        return md
-    if all(e is entries[0] for e in entries):
-        return entries[0]  # one KV-cache group: every layer shares the one metadata
+        return md  # the release reads it per layer (0.2.5's NNXDecoder)
+    if all(e is entries[0] or _same_metadata(e, entries[0]) for e in entries):
+        return entries[0]  # one KV-cache group: every layer shares the one metadata (or equal copies of it)
+    if not row.has_kv_params:
+        return md  # several groups on the backport: its KV session hands each layer its own entry
     raise InvalidArgumentError(
         f"MaxText {row.name} gives every layer the same attention metadata; this dict holds several",
         argument="attention_metadata",
@@ -161,6 +197,21 @@ def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: An
         found=f"{len({id(e) for e in entries})} different metadata objects over {layers} layers",
         fix="serve this model (several KV-cache groups) with MaxText 0.2.5 or newer",
     )
+
+
+def _same_metadata(a: Any, b: Any) -> bool:
+    """Two metadata objects with equal arrays (concrete ones: under jit only the same object is the same)."""
+    from maxtext_compat.paged.checks import is_concrete
+    from maxtext_compat.paged.metadata import is_metadata, metadata_arrays
+
+    if not (is_metadata(a) and is_metadata(b)):
+        return False
+    pairs = list(zip(metadata_arrays(a), metadata_arrays(b), strict=True))
+    if not all(is_concrete(x) and is_concrete(y) for x, y in pairs):
+        return False
+    import numpy as np
+
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in pairs)
 
 
 def describe(value: Any) -> str:
@@ -174,12 +225,10 @@ def describe(value: Any) -> str:
 
 def check_kv_writes(kind: str, t: Translated, where: str) -> None:
     """Every KV write of a new call lands where its metadata says, or the call is refused (paged.guard)."""
-    from maxtext_compat.paged.guard import check_new_call
-
     caches = KINDS[kind].caches(t.kv)
     positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
     if isinstance(t.metadata, Mapping):  # per-layer metadata (checked complete by per_layer_metadata)
         for layer, cache in enumerate(caches):
-            check_new_call([cache], _layer_entry(t.metadata, layer), positions, f"{where} (layer {layer})")
+            check_new_call([cache], layer_entry(t.metadata, layer), positions, f"{where} (layer {layer})")
         return
     check_new_call(caches, t.metadata, positions, where)

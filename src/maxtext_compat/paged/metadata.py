@@ -309,7 +309,8 @@ def build_metadata(
     return md
 
 
-def _is_metadata(md: object) -> bool:
+def is_metadata(md: object) -> bool:
+    """Ours, or an object carrying the kernel's four arrays (tpu-inference's AttentionMetadata)."""
     return isinstance(md, RaggedMetadata) or all(
         hasattr(getattr(md, n, None), "shape") and hasattr(getattr(md, n, None), "dtype")
         for n in ("seq_lens", "block_tables", "query_start_loc", "request_distribution")
@@ -322,7 +323,7 @@ Metadata = Annotated[
     Rule(
         "a maxtext_compat.paged.RaggedMetadata, or tpu-inference's AttentionMetadata with seq_lens, block_tables, "
         "query_start_loc and request_distribution set as int32 arrays",
-        _is_metadata,
+        is_metadata,
         "build it with maxtext_compat.paged.build_metadata(...) (its .to_attention_metadata() gives "
         "tpu-inference's); Python lists are not arrays: jnp.asarray(x, jnp.int32)",
         is_type=True,

@@ -47,8 +47,9 @@ def _unbound(wrapped: Any, instance: Any, args: tuple) -> tuple[Any, Any, tuple]
 
 def _rule_factory(kind: str, row: MaxTextRow) -> Any:
     def factory(original: Any) -> Any:
-        from maxtext_compat.convention.rule import CallSite, call_rule, rule_applied_to
+        from maxtext_compat.convention.rule import CallSite, call_rule, made_a_rule_shim, rule_applied_to
 
+        made_a_rule_shim()  # before the wrapper is written: adapters mark their native calls from now on
         native = native_signature(original.function)
         where = f"{getattr(original.owner, '__qualname__', original.owner)}.__call__"
         site = CallSite(kind, row, native, advertised_signature(native, kind), where, deprecation=False)
@@ -61,7 +62,7 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
             if session is not None and session.route:
                 return inner_call(kind, call, args, kwargs, where)
 
-            def native_call(m: Any, **kw: Any) -> Any:
+            def native_call(m: Any, kw: dict[str, Any]) -> Any:
                 return call(**kw)
 
             return call_rule(site, module, native_call, args, kwargs)

@@ -222,7 +222,7 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
         from maxtext_compat.installed import installed_resolution
 
         found = installed_resolution(probe=True)  # the probe checks the row against the installed source
-        found.show()
+        found.show(at_call_site=True)  # the user's line, past the API's argument checks
         resolution = found.resolution
     name = chooser(resolution)
     if name is not None and name not in _PROFILES:

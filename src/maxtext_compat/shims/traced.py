@@ -12,9 +12,8 @@ from __future__ import annotations
 import gc
 import sys
 import threading
-import warnings
 
-from maxtext_compat.errors import TracedBeforeInstallWarning
+from maxtext_compat.errors import TracedBeforeInstallWarning, warn_at_call_site
 
 _INTERNAL = ("jax", "jaxlib", "flax", "optax", "numpy")
 _lock = threading.Lock()
@@ -64,13 +63,12 @@ def note_install(profile: str, targets: tuple[str, ...]) -> None:
     with _lock:
         _BEFORE[profile] = before
     shown = ", ".join(before[:5]) + (f" and {len(before) - 5} more" if len(before) > 5 else "")
-    warnings.warn(
+    warn_at_call_site(  # the user's line: the frames between (the API's argument checks among them) vary
         f"maxtext-compat profile {profile!r} was installed after JAX compiled {len(before)} jitted function(s) "
         f"({shown}); any of them that traced {', '.join(targets[:3]) or 'a patched target'} keeps running "
         "the unpatched code. Install the shim before tracing (e.g. through the vLLM or pytest plugin), "
         "or call jax.clear_caches() after installing so they retrace.",
         TracedBeforeInstallWarning,
-        stacklevel=4,
     )
 
 

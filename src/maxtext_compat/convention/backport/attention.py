@@ -68,10 +68,9 @@ def attend(session: KVSession, op: Any, query: Any, key: Any, value: Any, sinks:
     soft_cap = getattr(op, "attn_logits_soft_cap", None) or None
     sink = None if sinks is None else sinks.astype("float32")
     out, updated = rpa.ragged_paged_attention(
-        q, k, v, cache, session.metadata,
+        q, k, v, cache, session.metadata_of(index),
         mesh=session.rpa_mesh, sm_scale=1.0, sliding_window=_sliding_window(op), soft_cap=soft_cap,
         attention_sink=sink,
     )  # fmt: skip
     session.give(updated)
-    del index
     return out.reshape(b, s, n, h).astype(query.dtype)

@@ -9,7 +9,7 @@ from maxtext_compat.convention.backport import hooks
 from maxtext_compat.convention.backport.attention import rpa_mesh_for
 from maxtext_compat.convention.backport.session import kv_session
 from maxtext_compat.convention.kinds import KINDS
-from maxtext_compat.convention.translate import Translated, check_kv_writes, describe
+from maxtext_compat.convention.translate import Translated, describe
 from maxtext_compat.errors import BackportError
 from maxtext_compat.matrix import MaxTextRow
 
@@ -17,16 +17,15 @@ from maxtext_compat.matrix import MaxTextRow
 def backport_call(
     module: Any, native_call: Callable[..., Any], kind: str, row: MaxTextRow, t: Translated, writes: bool, where: str
 ) -> Any:
-    """Run the native old call (`native_call(module, **kwargs)`) with attention routed to RPA.
+    """Run the native old call (`native_call(module, kwargs)`) with attention routed to RPA.
 
     Returns the new convention.
     writes=False (train mode) follows MaxText 0.2.x: no RPA, the caches come back as given.
     """
-    if writes:
+    if writes:  # the call rule checked the caches and the metadata (convention.new_call, paged.guard)
         from maxtext_compat.installed_kernel import installed_rpa
 
         installed_rpa()  # typed error up front when there is no tpu-inference (and so no kernel)
-        check_kv_writes(kind, t, where)
     hooks.ensure_installed(row)
     k = KINDS[kind]
     caches = k.caches(t.kv)
@@ -34,7 +33,7 @@ def backport_call(
         # Nothing to route and nothing to record (only the Transformer's return needs the session's hidden
         # state): no session, so such calls also nest, e.g. inside a moved Transformer's Decoder call.
         kv_back = None if t.kv is None else caches if k.per_layer else t.kv
-        return k.new_shape(native_call(module, **t.kwargs), kv_back)
+        return k.new_shape(native_call(module, t.kwargs), kv_back)
     mesh = getattr(module, "mesh", None)
     if writes and mesh is None:
         raise BackportError(
@@ -50,7 +49,7 @@ def backport_call(
         # here, not only by the backport hook: the vllm-backport shim calls the original method.
         kwargs = {**kwargs, "model_mode": hooks.TRAIN}
     with kv_session(caches, t.metadata, rpa_mesh, where, route=writes) as session:
-        result = native_call(module, **kwargs)
+        result = native_call(module, kwargs)
         if writes:
             session.check_complete()
     updated = session.updated if writes else caches

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from maxtext_compat.convention.translate import layer_entry
 from maxtext_compat.errors import BackportError, InvalidArgumentError
 
 
@@ -35,6 +36,12 @@ class KVSession:
                 fix="allocate one KV cache per decoder layer (maxtext_compat.paged.KVCacheLayout.allocate)",
             )
         return i, self.caches[i]
+
+    def metadata_of(self, layer: int) -> Any:
+        """The metadata of the `layer`-th attention layer: the one given, or its entry of a per-layer dict
+        (several KV-cache groups, as tpu-inference hands them to MaxText 0.2.5)."""
+        md = self.metadata
+        return layer_entry(md, layer) if isinstance(md, Mapping) else md
 
     def give(self, cache: Any) -> None:
         self.updated.append(cache)

@@ -1,0 +1,147 @@
+"""What a new call that writes the paged KV cache must hand over, checked the same way on every release.
+
+Why here, before the release's own path: on MaxText 0.2.x the adapter hands the caches and the metadata to
+MaxText's vLLM path and on 0.1.0 to the backport, and each failed in its own way. Found: a Transformer call
+with one cache fewer than its decoder layers was a raw IndexError on 0.2.5 (typed on 0.1.0), one more was
+accepted and handed back unwritten on 0.2.5 (typed on 0.1.0), a cache of another dtype ran on 0.1.0 (the
+backport casts) and was a raw ValueError inside tpu-inference on 0.2.5, our own RaggedMetadata worked on
+0.1.0 and was an AttributeError on 0.2.5. Every check below runs before either path, so the same input gets
+the same answer: the same typed error, or a call that both paths can run (our RaggedMetadata is handed to
+MaxText 0.2.x as tpu-inference's AttentionMetadata, which it reads).
+
+Stand-ins that are not arrays (the unit tests' "KV" strings) are left to the checks that follow, as before;
+a Python list where one cache belongs, or a cache list of the wrong length, is refused whatever it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from maxtext_compat.convention.kinds import Kind
+from maxtext_compat.convention.translate import Translated, describe
+from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError, KernelUnavailableError
+from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.paged.metadata import RaggedMetadata, is_metadata
+
+HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")  # mesh axes that shard attention heads
+ALLOCATE = "allocate them from one KVCacheLayout: maxtext_compat.paged.KVCacheLayout(...).allocate(num_layers)"
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def check_caches(kind: Kind, module: Any, t: Translated, where: str) -> list[Any]:
+    """The caches of a writing call, as a list: one per decoder layer for the Decoder and the Transformer."""
+    kv, name = t.kv, kind.kv_name
+    if not kind.per_layer:
+        if isinstance(kv, (list, tuple)):
+            raise InvalidArgumentTypeError(
+                f"{where} takes one layer's KV cache, not a list",
+                argument=name,
+                expected="one array [pages, page_size, combined heads, packing, lanes]",
+                found=f"a {type(kv).__name__} of {len(kv)}",
+                fix=f"pass this layer's cache: {name}=caches[layer_index]",
+            )
+        return [kv]
+    if not isinstance(kv, (list, tuple)):
+        raise InvalidArgumentTypeError(
+            f"{where} takes one KV cache per decoder layer, as a list",
+            argument=name,
+            expected="a list of arrays, one per decoder layer",
+            found=describe(kv),
+            fix=f"pass {name}=[cache_of_layer_0, cache_of_layer_1, ...]; {ALLOCATE}",
+        )
+    layers = getattr(getattr(module, "config", None), "num_decoder_layers", None)
+    if isinstance(layers, int) and len(kv) != layers:
+        raise InvalidArgumentError(
+            f"{where} got {len(kv)} KV cache(s) for {layers} decoder layers",
+            argument=name,
+            expected=f"{layers} caches (config.num_decoder_layers: one per decoder layer)",
+            found=f"{len(kv)} caches",
+            fix=f"pass exactly one KV cache per decoder layer; {ALLOCATE}",
+        )
+    return list(kv)
+
+
+def check_layouts(module: Any, arrays: list[tuple[int, Any]], name: str, where: str, per_layer: bool) -> None:
+    """Every array cache (index, cache) has the layout and dtype the layer writes (the kernel casts nothing)."""
+    cfg = getattr(module, "config", None)
+    heads, head_dim, dtype = (getattr(cfg, a, None) for a in ("num_kv_heads", "head_dim", "dtype"))
+    if not isinstance(heads, int) or not isinstance(head_dim, int):
+        return
+    from maxtext_compat.installed_kernel import installed_rpa
+    from maxtext_compat.paged.layout import dtype_name, layout_for
+
+    try:
+        hd64_kernel = installed_rpa().row.rpa.call_form == "flat"  # the hd64 kernel came with the flat entry point
+    except KernelUnavailableError:
+        return  # no kernel: the release's path refuses the call itself
+    tp = _head_parallelism(getattr(module, "mesh", None))
+    for i, cache in arrays:
+        argument = f"{name}[{i}]" if per_layer else name
+        if len(cache.shape) != 5:
+            raise InvalidArgumentError(
+                f"{where}: the KV cache must be 5-D [pages, page_size, combined heads, packing, lanes]",
+                argument=argument,
+                expected="a 5-D array",
+                found=describe(cache),
+                fix=ALLOCATE,
+            )
+        want = dtype_name(dtype) if dtype is not None else dtype_name(cache.dtype)
+        layout = layout_for(kv_cache_shape=tuple(cache.shape), kv_cache_dtype=want, num_kv_heads=heads,
+                            head_dim=head_dim, tp=tp, hd64_kernel=hd64_kernel)  # fmt: skip
+        layout.check_cache(cache, argument=argument)
+
+
+def _head_parallelism(mesh: Any) -> int:
+    shape = dict(getattr(mesh, "shape", {}) or {})
+    tp = 1
+    for axis in HEAD_AXES:
+        tp *= int(shape.get(axis, 1))
+    return tp
+
+
+def check_metadata_form(metadata: Any, where: str) -> None:
+    """With array caches, the metadata is ours or tpu-inference's with its four arrays (not Python lists)."""
+    if isinstance(metadata, Mapping):
+        return  # the per-layer dict: each entry is checked by check_kv_writes
+    if not is_metadata(metadata):
+        raise InvalidArgumentTypeError(
+            f"{where}: attention_metadata must carry the kernel's four arrays",
+            argument="attention_metadata",
+            expected="a maxtext_compat.paged.RaggedMetadata, or tpu-inference's AttentionMetadata with seq_lens, "
+            "block_tables, query_start_loc and request_distribution as int32 arrays",
+            found=describe(metadata),
+            fix="build it with maxtext_compat.paged.build_metadata(...) (.to_attention_metadata() gives "
+            "tpu-inference's); Python lists are not arrays: jnp.asarray(x, jnp.int32)",
+        )
+
+
+def for_release(t: Translated, md_name: str) -> None:
+    """Our RaggedMetadata as what a release's own vLLM path reads (tpu-inference's AttentionMetadata); called on
+    releases with the KV parameters (the backport reads ours itself)."""
+    md = t.kwargs.get(md_name)
+    if md is None or isinstance(md, str):
+        return
+    if isinstance(md, RaggedMetadata):
+        t.kwargs[md_name] = md.to_attention_metadata()
+    elif isinstance(md, Mapping) and any(isinstance(v, RaggedMetadata) for v in md.values()):
+        t.kwargs[md_name] = {
+            k: v.to_attention_metadata() if isinstance(v, RaggedMetadata) else v for k, v in md.items()
+        }
+
+
+def check_new_call(kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> bool:
+    """All of the above, in one order for every release (see the module docstring). Returns whether any cache is
+    an array (else stand-ins, a test's strings: the value checks that follow have nothing to read)."""
+    kv = t.kv
+    if not kind.per_layer and not isinstance(kv, (list, tuple)) and not _is_array(kv):
+        return False  # one stand-in (a test's string): nothing here to check
+    caches = check_caches(kind, module, t, where)
+    arrays = [(i, c) for i, c in enumerate(caches) if _is_array(c)]
+    if arrays:
+        check_layouts(module, arrays, kind.kv_name, where, kind.per_layer)
+        check_metadata_form(t.metadata, where)
+    return bool(arrays)
