@@ -162,18 +162,27 @@ def _structural(hint: Any) -> Any:
         return args[0]
     if origin is tuple and args and args[-1] is not Ellipsis:
         return tuple(_sample(a) for a in args)
-    # Containers hold one sampled item, so the contract's check of every item runs on the valid side too.
+    # Containers hold one sampled item, so the contract's check of every item runs on the valid side too
+    # (empty when no item can be made here: an internal type such as a patch layer).
     if origin in (tuple, list, set, frozenset):
-        return origin([_sample(args[0])]) if args else origin()
+        return origin(_items(args[:1]))
     if origin in (dict,) or (origin is not None and issubclass(origin, typing.Mapping)):
-        return {_sample(args[0]): _sample(args[1])} if len(args) == 2 else {}
+        return dict([tuple(_items(args))]) if len(args) == 2 and len(_items(args)) == 2 else {}
     if origin is not None and isinstance(origin, type) and issubclass(origin, typing.Iterable):
-        return (_sample(args[0]),) if args else ()
+        return tuple(_items(args[:1]))
     if (origin is not None and origin.__name__ == "Callable") or hint is typing.Callable:
         return lambda *a, **k: None
     if origin is type:
         return object
     return {int: 1, float: 1.0, bool: True, str: "x", type: object, bytes: b""}.get(hint, hint)
+
+
+def _items(hints: tuple[Any, ...]) -> list[Any]:
+    """A sample of each hint, or none at all when one of them has no sample."""
+    try:
+        return [_sample(h) for h in hints]
+    except AssertionError:
+        return []
 
 
 def _sample(hint: Any) -> Any:
@@ -266,3 +275,29 @@ def _owner_of(label: str) -> type:
         if face_name in module.__all__:
             return getattr(module, face_name)
     raise AssertionError(label)
+
+
+def test_numpy_scalars_are_numbers_and_stored_as_python_ones():
+    """np.int64 page ids and counts (what a block table or a shape gives) are ints; a numpy bool is not."""
+    import numpy as np
+
+    from maxtext_compat import paged
+
+    alloc = paged.PageAllocator(np.int64(8), np.int32(16))
+    step = alloc.append(np.int64(1), np.int64(20))
+    layout = paged.KVCacheLayout(np.int64(8), np.int64(16), np.int16(2), np.int64(128))
+    assert type(alloc.num_pages) is int and type(layout.num_pages) is int and type(step.q_len) is int
+    md = paged.build_metadata([step], layout, max_num_tokens=np.int64(32))
+    assert all(type(p) is int for p in md.page_indices)
+    with pytest.raises(InvalidArgumentTypeError) as e:
+        paged.PageAllocator(np.bool_(True), 16)
+    assert e.value.argument == "num_pages"
+    mesh = paged.make_mesh(np.int64(1))
+    assert mesh.shape["model"] == 1
+
+
+def test_every_listed_any_parameter_exists():
+    """ANY_ACCEPTED names parameters the walk meets; a stale entry would excuse nothing but read as if it did."""
+    seen = {f"{label}.{name}" for label, fn, _ in ALL for name in contract_of(fn).signature.parameters}
+    short = {f"{label.split('.')[0]}.{name}" for label, fn, _ in ALL for name in contract_of(fn).signature.parameters}
+    assert not [k for k in ANY_ACCEPTED if k not in seen | short]
