@@ -141,6 +141,10 @@ def check_new_call(kind: Kind, module: Any, row: MaxTextRow, t: Translated, wher
         return False  # one stand-in (a test's string): nothing here to check
     caches = check_caches(kind, module, t, where)
     arrays = [(i, c) for i, c in enumerate(caches) if _is_array(c)]
+    if arrays and not row.has_kv_params:
+        from maxtext_compat.installed_kernel import installed_rpa
+
+        installed_rpa()  # the backport runs the kernel itself: no tpu-inference is the first thing to say
     if arrays:
         check_layouts(module, arrays, kind.kv_name, where, kind.per_layer)
         check_metadata_form(t.metadata, where)
