@@ -20,12 +20,14 @@ def scanned(module: Any) -> bool:
     return bool(getattr(getattr(module, "config", None), "scan_layers", False))
 
 
-def logits_from_hidden(transformer: Any, hidden: Any, model_mode: str | None = None) -> Any:
-    """Final norm + output head on the pre-norm hidden state (what MaxText's vLLM adapter does)."""
+def logits_from_hidden(transformer: Any, hidden: Any, model_mode: str | None = None, embedder: Any = None) -> Any:
+    """Final norm + output head on the pre-norm hidden state (what MaxText's vLLM adapter does); a tied head
+    reads its table from `embedder` when given (a served model's rounded copy), else the model's own."""
     mode = model_mode or getattr(transformer, "model_mode", "train")
     decoder = transformer.decoder
+    shared = transformer.token_embedder if embedder is None else embedder
     try:
         head = decoder.apply_output_head  # 0.2.x
     except AttributeError:  # 0.1.0: a private method, reached through the ToNNX bridge
-        return decoder._apply_output_head(transformer.token_embedder, hidden, True)
-    return head(transformer.token_embedder, hidden, True, mode)
+        return decoder._apply_output_head(shared, hidden, True)
+    return head(shared, hidden, True, mode)

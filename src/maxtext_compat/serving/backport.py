@@ -155,7 +155,7 @@ class BackportServingBackend(NNXTransformerBackend):
         self.prepare()
         self.check_mesh(cfg, mesh)
         layers_mesh = serving_mesh.maxtext_mesh(cfg, list(mesh.devices.flat))
-        return self._model_with_weights(cfg, layers_mesh, rng_key, mesh)
+        return self._round_head_once(self._model_with_weights(cfg, layers_mesh, rng_key, mesh), cfg, mesh)
 
     def forward(
         self,
@@ -195,9 +195,11 @@ class BackportServingBackend(NNXTransformerBackend):
 
     def compute_logits(self, model: Any, cfg: Any, mesh: Any, hidden: Any) -> Any:
         from maxtext_compat.convention.returns import logits_from_hidden
+        from maxtext_compat.shims import output_head
 
         with self._ctx(cfg, mesh):
-            return logits_from_hidden(model, hidden[:, None, :], self._train()).squeeze(1)
+            embedder = output_head.embedder(model)
+            return logits_from_hidden(model, hidden[:, None, :], self._train(), embedder).squeeze(1)
 
     # ---------------------------------------------------------------- tools
 

@@ -109,7 +109,8 @@ class NativeBackend(NNXTransformerBackend):
 
     def create_model(self, cfg: Any, mesh: Any, rng_key: Any) -> Any:
         with self._ctx(cfg, mesh):
-            return self._from_pretrained(cfg, mesh, self._mode("ar"), rng_key)
+            model = self._from_pretrained(cfg, mesh, self._mode("ar"), rng_key)
+        return self._round_head_once(model, cfg, mesh)
 
     def forward(
         self,
@@ -156,9 +157,11 @@ class NativeBackend(NNXTransformerBackend):
     def compute_logits(self, model: Any, cfg: Any, mesh: Any, hidden: Any) -> Any:
         import jax.numpy as jnp
 
+        from maxtext_compat.shims import output_head
+
         with self._ctx(cfg, mesh):
             y = jnp.expand_dims(hidden, axis=1)
-            logits = model.decoder.apply_output_head(model.token_embedder, y, True, self._mode("ar"))
+            logits = model.decoder.apply_output_head(output_head.embedder(model), y, True, self._mode("ar"))
             return logits.squeeze(1)
 
     # ---------------------------------------------------------------- tools

@@ -74,6 +74,15 @@ class NNXTransformerBackend(ServingBackend):
         with self._ctx(cfg, mesh):
             return model.token_embedder(input_ids)
 
+    def _round_head_once(self, model: Any, cfg: Any, mesh: Any) -> Any:
+        """The served model, with a tied output head's table rounded to bfloat16 once here instead of in every
+        step's logits (shims.output_head: same logits, bit for bit); `compute_logits` hands it to the head."""
+        from maxtext_compat.shims import output_head
+
+        with self._ctx(cfg, mesh):
+            output_head.attach(model, cfg, self.row.import_root)
+        return model
+
     def embedding_table(self, model: Any, cfg: Any, mesh: Any) -> Any:
         table = model.token_embedder.embedding
         return table.get_value() if hasattr(table, "get_value") else table
