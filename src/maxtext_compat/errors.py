@@ -287,8 +287,8 @@ class ProfileError(PatchError, LookupError):
     >>> try:
     ...     shims.install("no-such-profile")
     ... except ProfileError as err:
-    ...     print(err.expected)
-    one of ['call-rule', 'known-defects', 'vllm-backport']
+    ...     print(err.expected)  # the registered ones: MaxText's own, and any a plugin or a test added
+    one of [...'call-rule', ...'known-defects', ...'vllm-backport'...]
     """
 
 

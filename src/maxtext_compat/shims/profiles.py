@@ -407,6 +407,7 @@ def active_profiles() -> list[str]:
 
     >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
     >>> with shims.patched("empty"): assert shims.active_profiles()[-1] == "empty"
+    >>> shims.unregister_profile("empty")
     """
     with patching.LOCK:
         return list(_INSTALLED)
@@ -418,6 +419,7 @@ def verify(profile: str | None = None) -> dict[str, list[str]]:
 
     >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
     >>> with shims.patched("empty"): assert shims.verify("empty") == {"empty": []}  # nothing drifted
+    >>> shims.unregister_profile("empty")
     """
     with patching.LOCK:
         names = list(_INSTALLED) if profile is None else [n for n in _INSTALLED if n == profile]
