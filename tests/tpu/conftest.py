@@ -5,18 +5,51 @@ Elsewhere tests/conftest.py deselects them."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 MODE = os.environ.get("MAXTEXT_COMPAT_TPU", "")
+# Where results go as they come (tools/tpu/run.sh points it into the device call's $OUT): progress.jsonl gets one
+# line per finished test, so a call stopped at its time limit still says how far it got; record() fills records.json
+# (one file: a call brings back at most 8).
+RESULTS = Path(os.environ.get("TPU_RESULTS", "build/tpu/results"))
+# transformers' reading of the GGUF file, kept between calls on a warm machine (testing.real_model.hf_reference)
+HF_CACHE = Path(os.environ.get("TPU_HF_CACHE", "build/tpu/hf-reference"))
 
 
 @dataclass(frozen=True)
 class Tier:
     mode: str  # "1" on a TPU, "dry" on a CPU
     tpu: bool  # jax's default backend is a TPU
+    cache: Path = HF_CACHE
+
+    def record(self, name: str, data: Any) -> Path:
+        """Put `data` under `name` in RESULTS/records.json (rewritten whole: it is there if the call stops)."""
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path = RESULTS / "records.json"
+        records = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        records[name] = data
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(records, indent=1, default=str), encoding="utf-8")
+        partial.replace(path)
+        return path
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" or report.outcome != "passed":
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        line = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
+                "seconds": round(report.duration, 2), "at": time.strftime("%H:%M:%S")}  # fmt: skip
+        if report.outcome == "failed":
+            line["error"] = str(report.longrepr)[-2000:]
+        with (RESULTS / "progress.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -38,4 +71,24 @@ def tier() -> Tier:
 
         status = cpu_rpa.install()
         assert status.active, status.reason
-    return Tier(MODE, backend == "tpu")
+    found = Tier(MODE, backend == "tpu")
+    found.record("environment", _environment())
+    return found
+
+
+def _environment() -> dict[str, Any]:
+    """What the tier ran on: the device, the Python, the versions that matter."""
+    import importlib.metadata
+    import platform
+
+    import jax
+
+    versions = {}
+    for dist in ("jax", "jaxlib", "libtpu", "flax", "maxtext", "tpu-inference", "vllm-tpu", "torch", "transformers"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    device = jax.devices()[0]
+    return {"mode": MODE, "backend": jax.default_backend(), "device_kind": device.device_kind,
+            "devices": len(jax.devices()), "python": platform.python_version(), "versions": versions}  # fmt: skip

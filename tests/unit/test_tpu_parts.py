@@ -1,34 +1,80 @@
-"""tools/tpu/parts.py: the TPU tier's wheel folder cut into transfer-sized parts and joined back, byte for byte;
-a missing part is named (the machine is reached by calls that carry at most 64 MiB each)."""
+"""tools/tpu/parts.py: the TPU tier's wheels packed into transfer-sized parts and unpacked on the machine: every
+wheel back with its members byte for byte, the first call's wheels whole in part-1, small wheels recompressed as
+one xz stream, a missing part named only for the wheels a stage needs (the machine is reached by calls that carry
+at most 64 MiB each)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import zipfile
 
 from helpers.shipped import REPO
 
 _spec = importlib.util.spec_from_file_location("tpu_parts", REPO / "tools" / "tpu" / "parts.py")
 parts = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(parts)
+MIB = parts.MIB
 
 
-def test_split_then_join_gives_the_same_files_and_names_a_missing_part(tmp_path):
+def _wheel(folder, name, members):
+    path = folder / name
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for member, data in members.items():
+            z.writestr(member, data)
+    return path
+
+
+def _members(path):
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: z.read(i) for i in z.infolist()}
+
+
+def _setup(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    blobs = {"big.whl": os.urandom(2_500_000), "small.whl": os.urandom(300_000), "mid.whl": os.urandom(900_000)}
-    for name, data in blobs.items():
-        (wheels / name).write_bytes(data)
-    made = parts.split(wheels, tmp_path / "parts", limit_mib=1.0)
-    assert len(made) >= 4 and all(size <= parts.MIB + 4096 for _, size in made)  # 1 MiB each, manifest aside
-    out = tmp_path / "joined"
-    assert parts.join(out, tmp_path / "parts") == []
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == blobs
-    # On the machine, before the last transfer: the part still to carry is named, nothing half-written is left.
-    last = sorted((tmp_path / "parts").iterdir())[-1]
-    for f in last.iterdir():
-        if f.name != parts.MANIFEST:
-            f.unlink()
+    text = b"def f():\n    return 1\n" * 40_000  # ~1 MiB of code: xz packs it far below deflate's size
+    made = {
+        "core_a-1.0-py3-none-any.whl": {"core_a/__init__.py": text, "core_a/blob.bin": os.urandom(200_000)},
+        "core_b-2.0-py3-none-any.whl": {"core_b/__init__.py": b"x = 2\n"},
+        "extra-0.1-py3-none-any.whl": {"extra/__init__.py": text[:300_000]},
+        "model-0.1.2-py3-none-any.whl": {"model/weights.gguf": os.urandom(int(2.5 * MIB))},  # big: as it is
+    }
+    for name, members in made.items():
+        _wheel(wheels, name, members)
+    first = tmp_path / "first.txt"
+    first.write_text("# the first stage\ncore-a==1.0\ncore_b==2.0\n")
+    model = tmp_path / "model.txt"
+    model.write_text("model==0.1.2\nextra==0.1\n")
+    return wheels, first, model, made
+
+
+def test_split_then_join_gives_every_wheel_back_with_the_first_stage_whole_in_part_1(tmp_path):
+    wheels, first, _, made = _setup(tmp_path)
+    out = parts.split(wheels, tmp_path / "parts", limit_mib=1.0, first=[first], big_mib=1.0)
+    assert len(out) >= 3 and all(size <= MIB + 8192 for _, size in out)  # 1 MiB each, the manifest aside
+    part1 = sorted(p.name for p in (tmp_path / "parts" / "part-1").iterdir())
+    assert part1[0] == "bundle-1.tar.xz", part1  # whole, not a chunk
+    assert (tmp_path / "parts" / "part-1" / "bundle-1.tar.xz").stat().st_size < 300_000  # xz: ~1.2 MiB of members
+    got = tmp_path / "joined"
+    assert parts.join(got, tmp_path / "parts") == []
+    assert sorted(p.name for p in got.glob("*.whl")) == sorted(made)
+    for name, members in made.items():
+        assert _members(got / name) == members  # pip installs the stored wheel: same members, same bytes
+
+
+def test_a_stage_needs_only_its_own_parts_and_a_missing_one_is_named(tmp_path):
+    wheels, first, model, _ = _setup(tmp_path)
+    parts.split(wheels, tmp_path / "parts", limit_mib=1.0, first=[first], big_mib=1.0)
+    for later in sorted((tmp_path / "parts").iterdir())[1:]:  # on the machine after the first call: part-1 only
+        for f in later.iterdir():
+            if f.name != parts.MANIFEST:
+                f.unlink()
     fresh = tmp_path / "fresh"
-    assert parts.join(fresh, tmp_path / "parts") == [last.name]
-    assert not any(p.name.endswith(".partial") for p in fresh.iterdir())
+    assert parts.join(fresh, tmp_path / "parts", need=[first]) == []  # the first stage can install
+    got = {p.name for p in fresh.glob("*.whl")}
+    assert {"core_a-1.0-py3-none-any.whl", "core_b-2.0-py3-none-any.whl"} <= got  # and what else part-1 held
+    assert "model-0.1.2-py3-none-any.whl" not in got
+    missing = parts.join(fresh, tmp_path / "parts", need=[model])
+    assert missing and "part-1" not in missing  # the model stage names the parts still to carry
+    assert not any(p.name.endswith(".partial") for p in fresh.rglob("*"))
