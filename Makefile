@@ -22,7 +22,7 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX ?= $(or $(MAXTEXT_COMPAT_COMPILE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/maxtext-compat)/pycache
 
-.PHONY: help setup envs demo test test-extended unit lint bench docs chromium clean tpu-wheels test-tpu
+.PHONY: help setup envs demo test test-extended unit lint bench docs chromium clean tpu-wheels test-tpu bench-tpu
 
 help:
 	@echo "make demo   - set up, then run the main job"
@@ -32,6 +32,7 @@ help:
 	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; full-depth churn and fuzz"
 	@echo "make tpu-wheels - download the TPU tier's wheels the TPU machine lacks into build/tpu-parts/ (docs/tpu.md)"
 	@echo "make test-tpu   - install the TPU tier and run the tests marked tpu (MAXTEXT_COMPAT_TPU=dry: on a CPU)"
+	@echo "make bench-tpu  - the TPU figures into docs/tpu.md (MAXTEXT_COMPAT_TPU=dry: a labelled CPU rehearsal in build/tpu)"
 
 $(TOOLS)/bin/uv:
 	python3 -m venv $(TOOLS)
@@ -90,6 +91,9 @@ tpu-wheels:
 
 test-tpu:
 	tools/tpu/run.sh
+
+bench-tpu:
+	tools/tpu/bench.sh
 
 bench: envs
 	$(DEV)/bin/python benchmarks/run_all.py --out build

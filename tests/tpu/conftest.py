@@ -42,7 +42,7 @@ class Tier:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "call" or report.outcome != "passed":
+    if report.when == "call" or report.outcome != "passed" or report.duration > 1.0:  # a fixture's set-up too
         RESULTS.mkdir(parents=True, exist_ok=True)
         line = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
                 "seconds": round(report.duration, 2), "at": time.strftime("%H:%M:%S")}  # fmt: skip

@@ -8,6 +8,7 @@ that agreed (tests/helpers/token_margin.py); the verdicts and errors go to the r
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -30,17 +31,21 @@ def run(tier) -> dict[str, Any]:
     new = rm.NEW_TOKENS if tier.tpu else 4
     ckpt, tokenizer = rm.smollm2()
     ids = [tokenizer.encode(p).ids for p in prompts]
-    hf = rm.hf_reference(rm.smollm2_gguf(), tier.cache).model
-    reference = rm.hf_greedy(hf, ids, new)
+    ref = rm.hf_reference(rm.smollm2_gguf(), tier.cache)  # transformers' reading, kept on a warm machine
+    hf = ref.model
+    same_ids = ref.prompt_ids[: len(ids)] == ids  # then its greedy answers are ours to compare with (a prefix)
+    reference = [g[:new] for g in ref.greedy[: len(ids)]] if same_ids else rm.hf_greedy(hf, ids, new)
     ref_logits = [_rows(rm.hf_logits(hf, p + r), len(p), new) for p, r in zip(ids, reference, strict=True)]
     with jax.default_matmul_precision("highest"):
         _, _, served = rm.maxtext_model(ckpt, vllm=True)
         gen = PagedEngine(served, num_pages=16, page_size=16).generate(ids, new - 1)
+        start = time.perf_counter()
         paged = gen.tokens()
         paged_logits = [[np.asarray(step.logits[i][-1]) for step in gen.steps] for i in range(len(ids))]
         del served
         cfg, mesh, model = rm.maxtext_model(ckpt)
         dense = rm.maxtext_greedy(cfg, mesh, model, ids, new)
+        dense_seconds = time.perf_counter() - start
         whole = rm.maxtext_logits(cfg, mesh, model, [p + d for p, d in zip(ids, dense, strict=True)])
     dense_logits = [_rows(whole[i], len(p), new) for i, p in enumerate(ids)]
     return {
@@ -51,7 +56,8 @@ def run(tier) -> dict[str, Any]:
         "dense": dense,
         "verdicts": {"paged": judge(paged, reference, paged_logits, ref_logits),
                      "dense": judge(dense, reference, dense_logits, ref_logits)},
-        "compile_seconds": gen.compile_seconds,
+        "seconds": {"paged_compile": gen.compile_seconds, "paged_compiles": gen.compiles,
+                    "dense_build_compile_and_decode": dense_seconds},
     }  # fmt: skip
 
 
@@ -65,7 +71,7 @@ def _check(run: dict[str, Any], path: str, tier) -> None:
     tok = run["tokenizer"]
     tier.record(f"smollm2-{path}", {
         "prompts": run["prompts"], "reference": run["reference"], path: run[path],
-        "paged_equals_dense": run["paged"] == run["dense"], **verdict.as_dict(),
+        "paged_equals_dense": run["paged"] == run["dense"], "seconds": run["seconds"], **verdict.as_dict(),
     })  # fmt: skip
     print(f"\n[tier] SmolLM2 {path}: {verdict.report()}")
     for prompt, got, want in zip(run["prompts"], run[path], run["reference"], strict=True):
