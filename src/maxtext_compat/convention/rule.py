@@ -43,15 +43,6 @@ def rule_shims_made() -> bool:
     return _RULE_SHIMS[0]
 
 
-def _mode(module: Any, kind: str, t: Translated, explicit: Any) -> str:
-    if explicit is not None:
-        return str(explicit)
-    mode = t.kwargs.get("model_mode")
-    if mode is None:
-        mode = getattr(module, "model_mode", None)
-    return str(mode) if mode is not None else TRAIN
-
-
 def rule_applied_to(module: Any) -> bool:
     """Whether an adapter is applying the call rule to `module` in this call (the shim then passes through)."""
     return RULE_APPLIED.get() == id(module)
@@ -192,7 +183,10 @@ def call_rule(
         return _old_call(site, self, native_call, t.kwargs, decl, explicit_mode, t)
     if site.scan_carry and is_scan_carry(next(iter(t.kwargs.values()), None)):
         return native_call(self, t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
-    mode = _mode(self, kind, t, explicit_mode)
+    mode = explicit_mode if explicit_mode is not None else t.kwargs.get("model_mode")  # _mode(), inlined
+    if mode is None:
+        mode = getattr(self, "model_mode", None)
+    mode = TRAIN if mode is None else str(mode)
     # Only a call that hands over a paged cache writes it; a new call with both None (MaxText's own
     # layers in training, or decoding with MaxText's own KV cache) runs natively and returns the new shape.
     writes = mode != TRAIN and (t.kv is not None or t.metadata is not None)
