@@ -5,8 +5,11 @@ calls as the adapter there. Not collected by pytest (no test_ prefix); runs as a
 
     python tests/compat/paths_partner.py REQUEST.json
 
-REQUEST: {"weights": DIR with attention.npz and transformer.npz, "cases": [...], "out": DIR}. Writes
-OUT/outcomes.json (one outcome per case, in order) and OUT/<i>.npz for each call that ran.
+REQUEST: {"weights": DIR with attention.npz and transformer.npz, "ready": the file the test writes once they
+are there, "parent": the test's pid, "cases": [...], "out": DIR}. The model is built while the test builds its
+own; the weights are loaded once READY exists (an event: no deadline here, the test's timeout guards a hang,
+and a test that is gone ends the wait). Writes OUT/outcomes.json (one outcome per case, in order) and
+OUT/<i>.npz for each call that ran.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -34,7 +38,15 @@ def main(argv: list[str]) -> int:
 
     out = Path(request["out"])
     out.mkdir(parents=True, exist_ok=True)
-    world = agree.World(weights=Path(request["weights"]))
+    world = agree.World()
+    ready = Path(request["ready"])
+    while not ready.exists():
+        try:
+            os.kill(request["parent"], 0)  # the test still runs
+        except ProcessLookupError:
+            return 3
+        time.sleep(0.2)
+    world.load(Path(request["weights"]))
     answers = []
     for i, case in enumerate(request["cases"]):
         answer, arrays = agree.outcome(world, case)

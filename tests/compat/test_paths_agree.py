@@ -67,12 +67,36 @@ def draws() -> list[dict[str, Any]]:
             found.append(case)
 
     collect()
+    # A call with nothing wrong runs the kernel eagerly on both sides (~5-10 s each on 2 cores): one per
+    # (module, metadata form) is the comparison; more of them compare the same numbers again.
+    seen: set[tuple[str, str]] = set()
+    for case in list(found):
+        if _runs(case):
+            key = (case["call"], case["metadata"])
+            if key in seen:
+                found.remove(case)
+            seen.add(key)
     always = [  # the issue's three cases, whatever hypothesis draws
         {**CASE_DEFAULTS, "call": "transformer", "caches": -1},
         {**CASE_DEFAULTS, "call": "transformer", "caches": 1},
         {**CASE_DEFAULTS, "call": "attention", "metadata": "ragged"},
     ]
     return always + [c for c in found if c not in always]
+
+
+def _runs(case: dict[str, Any]) -> bool:
+    """Whether nothing is wrong with the drawn call (it then runs on both sides)."""
+    return (
+        (case["caches"] == 0 if case["call"] == "transformer" else case["cache_form"] == "array")
+        and case["cache_dtype"] == "float32"
+        and case["cache_heads"] == 0
+        and case["cache_pages"] == PAGES
+        and (
+            case["metadata"] in ("attention", "ragged", "per_layer")
+            and (case["metadata"] != "per_layer" or case["call"] == "transformer")
+        )
+        and case["positions"] == "ok"
+    )
 
 
 CASE_DEFAULTS = {"call": "attention", "caches": 0, "cache_form": "array", "cache_dtype": "float32", "cache_heads": 0,
@@ -88,11 +112,11 @@ class World:
     """The installed release's tiny Attention and Transformer (attention in a vLLM config on 0.2.x), the mesh,
     the inputs of one prefill step of two ragged sequences, and the valid metadata."""
 
-    def __init__(self, weights: Path | None = None, save_to: Path | None = None) -> None:
+    def __init__(self, save_to: Path | None = None) -> None:
         from maxtext_compat import paged
         from maxtext_compat.adapters import wrap
         from maxtext_compat.testing import tiny
-        from maxtext_compat.weights import load_npz, load_params, save_params
+        from maxtext_compat.weights import save_params
 
         row = tiny.installed_row()
         native = row.has_kv_params
@@ -108,17 +132,25 @@ class World:
             mode = {"model_mode": "autoregressive"} if native else {}
             transformer = tiny.tiny_transformer(cfg, self.mesh, **mode)
             attention = tiny.tiny_attention(cfg, self.mesh, batch=TOKENS, seq=1, **mode)
-            for name, module in (("transformer", transformer), ("attention", attention)):
-                if weights is not None:
-                    load_params(module, load_npz(weights / f"{name}.npz"), where=f"MaxText {row.name} {name}")
+            self.natives = {"transformer": transformer, "attention": attention}
+            for name, module in self.natives.items():
                 if save_to is not None:
                     save_params(module, save_to / f"{name}.npz")
-        self.transformer, self.attention = wrap(transformer), wrap(attention)
+        self.row = row
+        self.transformer, self.attention = wrap(transformer), wrap(attention)  # sharing the natives' variables
         self.layers = cfg.num_decoder_layers
         self.paged = paged
         rng = np.random.default_rng(0)
         self.x = rng.standard_normal((TOKENS, 1, cfg.emb_dim)).astype(np.float32)
         self.tokens = rng.integers(0, cfg.vocab_size, (TOKENS, 1)).astype(np.int32)
+
+    def load(self, weights: Path) -> None:
+        """The other environment's weights (an adapter shares its module's variables: it sees them too)."""
+        from maxtext_compat.weights import load_npz, load_params
+
+        with self.context():
+            for name, module in self.natives.items():
+                load_params(module, load_npz(weights / f"{name}.npz"), where=f"MaxText {self.row.name} {name}")
 
     def metadata(self, page_size: int = PAGE) -> Any:
         layout = self.paged.KVCacheLayout(PAGES, page_size, self.cfg.num_kv_heads, self.cfg.head_dim, "float32")
@@ -180,11 +212,26 @@ def outcome(world: World, case: dict[str, Any]) -> tuple[dict[str, Any], dict[st
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
+    """(this release's World, the draws, the partner process, the work folder). The partner starts first: it
+    imports and builds its model while this process builds its own, then loads the weights this one wrote
+    (it waits for WEIGHTS_READY, an event; the partner's timeout below guards a hang)."""
     from maxtext_compat.shims import cpu_rpa
 
     assert cpu_rpa.install().active
     work = tmp_path_factory.mktemp("paths_agree")
-    return World(save_to=work), work
+    cases = draws()
+    partner = _start_partner(work, cases)
+    try:
+        here = World(save_to=work)
+        (work / WEIGHTS_READY).write_text("written")
+        yield here, cases, partner, work
+    finally:
+        if partner.poll() is None:
+            partner.kill()
+            partner.wait()
+
+
+WEIGHTS_READY = "weights.ready"
 
 
 def _start_partner(work: Path, cases: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
@@ -193,7 +240,9 @@ def _start_partner(work: Path, cases: list[dict[str, Any]]) -> subprocess.Popen[
     from maxtext_compat.envs import env_python, project_root
 
     require_env(PARTNER)
-    (work / "request.json").write_text(json.dumps({"weights": str(work), "cases": cases, "out": str(work / "partner")}))
+    request = {"weights": str(work), "ready": str(work / WEIGHTS_READY), "cases": cases, "out": str(work / "partner"),
+               "parent": os.getpid()}  # fmt: skip
+    (work / "request.json").write_text(json.dumps(request))
     log = open(work / "partner.log", "w")  # noqa: SIM115 - the child writes it until it exits
     return subprocess.Popen(
         [str(env_python(PARTNER)), str(Path(__file__).with_name("paths_partner.py")), str(work / "request.json")],
@@ -203,16 +252,9 @@ def _start_partner(work: Path, cases: list[dict[str, Any]]) -> subprocess.Popen[
 
 
 def test_the_adapter_on_0_2_5_and_the_backport_on_0_1_0_give_the_same_answer(world):
-    here, work = world
-    cases = draws()
-    partner = _start_partner(work, cases)
-    try:
-        ours = [outcome(here, case) for case in cases]
-        code = partner.wait(timeout=1800)  # a hang guard: the partner's work is bounded (no wait on its speed)
-    finally:
-        if partner.poll() is None:
-            partner.kill()
-            partner.wait()
+    here, cases, partner, work = world
+    ours = [outcome(here, case) for case in cases]
+    code = partner.wait(timeout=1800)  # a hang guard: the partner's work is bounded (no wait on its speed)
     log = (work / "partner.log").read_text(errors="replace")
     assert code == 0, f"the partner failed in {PARTNER}:\n{log[-3000:]}"
     answers = json.loads((work / "partner" / "outcomes.json").read_text())
