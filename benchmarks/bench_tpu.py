@@ -96,7 +96,7 @@ def _start() -> dict[str, Any]:
         from maxtext_compat.shims import cpu_rpa
 
         assert cpu_rpa.install().active
-    _count_cache_hits()
+    _count_cache_events()
     import importlib.metadata
 
     def version(dist: str) -> str | None:
@@ -143,28 +143,43 @@ def _median_call(fn: Callable[[], Any], calls: int, runs: int) -> tuple[float, f
     return statistics.median(per_call), min(per_call), max(per_call)
 
 
-_CACHE_HITS = [0]  # persistent compilation cache hits so far (tools/tpu/env.sh turns the cache on)
+# persistent compilation cache (tools/tpu/env.sh turns it on): programs loaded from it, programs compiled
+_CACHE = {"/jax/compilation_cache/cache_hits": 0, "/jax/compilation_cache/cache_misses": 0}
 
 
-def _count_cache_hits() -> None:
+def _count_cache_events() -> None:
     import jax
 
     def listener(event: str, **_: Any) -> None:
-        if event == "/jax/compilation_cache/cache_hits":
-            _CACHE_HITS[0] += 1
+        if event in _CACHE:
+            _CACHE[event] += 1
 
     jax.monitoring.register_event_listener(listener)
 
 
+class _Cached:
+    """Around a first call: True when every program it needed came from the cache (its seconds are no compile
+    time), False when any was compiled."""
+
+    def __enter__(self) -> _Cached:
+        self.before = dict(_CACHE)
+        self.cached = False
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        hits, misses = (_CACHE[k] - self.before[k] for k in _CACHE)
+        self.cached = hits > 0 and misses == 0
+
+
 def _first_call(fn: Callable[[], Any]) -> tuple[float, bool]:
-    """(seconds of the first call: trace, lower, compile, run; whether a compiled program came from the persistent
-    compilation cache, so the seconds are no compile time)."""
+    """(seconds of the first call: trace, lower, compile, run; whether its programs all came from the cache)."""
     import jax
 
-    hits = _CACHE_HITS[0]
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start, _CACHE_HITS[0] > hits
+    with _Cached() as c:
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        seconds = time.perf_counter() - start
+    return seconds, c.cached
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,11 +293,11 @@ def _native_engine(model: Any, **kwargs: Any) -> Any:
 
 
 def _paged_figures(engine: Any, ids: list[list[int]]) -> dict[str, Any]:
-    hits = _CACHE_HITS[0]
-    first = time.perf_counter()
-    gen = engine.generate(ids, MODEL_TOKENS - 1)
-    first = time.perf_counter() - first
-    cached = _CACHE_HITS[0] > hits
+    with _Cached() as c:
+        first = time.perf_counter()
+        gen = engine.generate(ids, MODEL_TOKENS - 1)
+        first = time.perf_counter() - first
+    cached = c.cached
     walls, prefill, decode = [], [], []
     tokens = gen.tokens()
     for _ in range(MODEL_RUNS):
@@ -317,11 +332,11 @@ def model_section() -> dict[str, Any]:
     out["paged_hbm_gib"] = _hbm()
     del served
     cfg, mesh, model = rm.maxtext_model(ckpt)
-    hits = _CACHE_HITS[0]
-    start = time.perf_counter()
-    dense_tokens = rm.maxtext_greedy(cfg, mesh, model, ids, MODEL_TOKENS)
-    first = time.perf_counter() - start
-    cached = _CACHE_HITS[0] > hits
+    with _Cached() as c:
+        start = time.perf_counter()
+        dense_tokens = rm.maxtext_greedy(cfg, mesh, model, ids, MODEL_TOKENS)
+        first = time.perf_counter() - start
+    cached = c.cached
     forward_times, walls = [], []
     for _ in range(MODEL_RUNS):
         start = time.perf_counter()
