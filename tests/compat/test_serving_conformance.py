@@ -33,10 +33,35 @@ IDS = {"return_token_ids": True, "return_tokens_as_token_ids": True}
 QUESTION = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]  # greedy: "No." then <|im_end|>
 
 
+class _Restartable:
+    """The module's server, which the last test restarts (a seed's text must survive it); reads as the Server."""
+
+    def __init__(self, start) -> None:
+        self._start, self._running = start, None
+        self.restart()
+
+    def restart(self, *flags: str) -> None:
+        self.stop()
+        self._running = self._start(*flags)
+        self.srv = self._running.__enter__()
+
+    def stop(self) -> None:
+        if self._running is not None:
+            self._running, running = None, self._running
+            running.__exit__(None, None, None)
+
+    def __getattr__(self, name):
+        return getattr(self.srv, name)
+
+
 @pytest.fixture(scope="module")
 def server(smollm2_dir, tmp_path_factory):
-    with serve(smollm2_dir, tmp_path_factory.mktemp("conformance"), seqs=4, max_len=MAX_LEN) as srv:
+    log_dir = tmp_path_factory.mktemp("conformance")
+    srv = _Restartable(lambda *flags: serve(smollm2_dir, log_dir, seqs=4, max_len=MAX_LEN, flags=flags))
+    try:
         yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +224,6 @@ def test_the_model_length_limits_max_tokens_with_vllms_400(client, server, ref):
 # ------------------------------------------------------------------ refused: the stack drops or fails on them
 
 REFUSED = {
-    "per-request-seed": ({"temperature": 0.7, "seed": 1}, "seed"),
     "sampler-ignores-penalties": ({"frequency_penalty": 0.5}, "frequency_penalty"),
     "sampler-ignores-penalties/presence": ({"presence_penalty": 0.5}, "presence_penalty"),
     "sampler-ignores-penalties/repetition": ({"repetition_penalty": 1.3}, "repetition_penalty"),
@@ -220,6 +244,52 @@ def test_a_feature_the_stack_drops_is_refused_with_vllms_400(server, case):
     assert (status, err["code"], err["type"], err["param"]) == (400, 400, "BadRequestError", param), answer
     assert f"known defect {case.split('/')[0]} of tpu-inference" in err["message"] and "Fix:" in err["message"]
     _alive(server)
+
+
+# ------------------------------------------------------------------ sampling with a per-request seed (fixed)
+
+SEEDED = 3  # rm.PROMPTS[3], "The best way to learn Python is": its next token 0.72 / 0.19 / 0.04 / ... at temperature 1
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}  # chi-square, p = 0.001
+
+
+def _seeded(client, server, seed: int, *, n: int = 1, max_tokens: int = 8, temperature: float = 1.0, **extra):
+    got = client.completions.create(model=server.model, prompt=rm.PROMPTS[SEEDED], max_tokens=max_tokens, n=n,
+                                    seed=seed, temperature=temperature, extra_body={**IDS, **extra})  # fmt: skip
+    return [list(c.token_ids) for c in got.choices]
+
+
+def test_a_seed_gives_the_same_text_in_any_batch(client, server):
+    """The issue's request (temperature 0.7, seed 1: 500 with no message before the fix), alone, again, and in
+    batches: vLLM gives the i-th of n answers the seed seed + i, so n=3 with seed 1 holds seed 1's answer
+    beside two others, and seed 2's."""
+    import concurrent.futures
+
+    alone = _seeded(client, server, 1, temperature=0.7)
+    assert len(alone[0]) == 8
+    assert _seeded(client, server, 1, temperature=0.7) == alone
+    batched = _seeded(client, server, 1, n=3, temperature=0.7)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:  # beside unseeded requests
+        jobs = [pool.submit(_seeded, client, server, s, temperature=0.7) for s in (2, 1)]
+        jobs.append(pool.submit(client.completions.create, model=server.model, prompt="Once upon a time",
+                                max_tokens=8, temperature=1.0))  # fmt: skip
+        two, again = jobs[0].result(), jobs[1].result()
+        jobs[2].result()
+    assert batched[0] == alone[0] and again == alone and [batched[1]] == two
+    assert len({tuple(t) for t in batched}) == 3, batched  # different seeds, different texts
+
+
+def test_seeded_samples_follow_the_references_distribution(client, server, reference, ref):
+    """One step, 200 seeds (n=200, seeds 1000..1199): the first tokens' counts against transformers' softmax at
+    the temperature (chi-square, tokens expected at least 5 times, the rest pooled)."""
+    n, temperature = 200, 1.5
+    first = [t[0] for t in _seeded(client, server, 1000, n=n, max_tokens=1, temperature=temperature)]
+    row = ref.logprobs(reference.prompt_ids[SEEDED])[-1] / temperature
+    p = np.exp(row - np.logaddexp.reduce(row))
+    kept = [int(t) for t in np.argsort(-p) if n * p[t] >= 5]
+    counts = np.array([first.count(t) for t in kept] + [sum(t not in kept for t in first)])
+    expected = n * np.array([*p[kept], 1 - p[kept].sum()])
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert len(kept) >= 3 and chi2 < CHI2_999[len(kept)], (dict(zip(kept, counts, strict=False)), expected, chi2)
 
 
 def test_what_the_refusals_leave_alone_is_served(client, server, reference):
@@ -399,3 +469,27 @@ def test_lm_eval_local_completions_equals_its_hf_backend(server, tmp_path):
         want = [float(r[0][0]) for r in theirs["resps"]]
         assert got == pytest.approx(want, abs=LOGLIK_TOLERANCE), (ours["doc_id"], got, want)
         assert int(np.argmax(got)) == int(np.argmax(want)) and ours["acc"] == theirs["acc"], ours["doc_id"]
+
+
+# ------------------------------------------------------------------ last: the server restarted
+
+
+def test_a_restarted_server_gives_a_seed_the_same_text(server, reference):
+    """Restarted with another server seed (--seed 1234: the batch's own key starts elsewhere), the seeded requests
+    of test_a_seed_gives_the_same_text_in_any_batch give the same text again; greedy answers are unchanged."""
+    from openai import OpenAI
+
+    before = [_seeded_client_texts(server, seed) for seed in (1, 2)]
+    server.restart("--seed", "1234")
+    assert "seed=1234" in server.log_text() or "'seed': 1234" in server.log_text(), server.log_tail()
+    assert [_seeded_client_texts(server, seed) for seed in (1, 2)] == before
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    assert _complete(client, server, prompt="Seattle is a", max_tokens=4, extra_body=IDS).choices[0].token_ids == (
+        reference.greedy[0][:4])  # fmt: skip
+
+
+def _seeded_client_texts(server, seed: int) -> list[list[int]]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return _seeded(client, server, seed, temperature=0.7)

@@ -35,7 +35,6 @@ def test_every_stack_defect_of_the_matrix_has_a_handler():
 @pytest.mark.parametrize(
     ("defect", "kw", "param"),
     [
-        ("per-request-seed", {"temperature": 0.7, "seed": 1}, "seed"),
         ("sampler-ignores-penalties", {"frequency_penalty": 0.5}, "frequency_penalty"),
         ("sampler-ignores-penalties", {"presence_penalty": -0.5}, "presence_penalty"),
         ("sampler-ignores-penalties", {"repetition_penalty": 1.2}, "repetition_penalty"),
@@ -63,6 +62,7 @@ def test_a_request_that_meets_a_refused_defect_is_refused_naming_it(defect, kw, 
     [
         {},  # plain greedy
         {"seed": 1234},  # lm-eval's greedy request carries a seed
+        {"temperature": 0.7, "seed": 1},  # a seeded sampled request: fixed (shims.seeded_sampling), not refused
         {"temperature": 0.8, "top_p": 0.9},  # sampling without a seed
         {"min_tokens": 3, "ignore_eos": True},  # no stop token can end the answer early
         {"min_p": 0.0, "repetition_penalty": 1.0, "logit_bias": {}},  # neutral values
@@ -88,3 +88,103 @@ def test_the_from_input_batch_wrapper_hands_over_the_view():
     wrapper(lambda **kw: seen.append(kw["input_batch"].max_num_logprobs), None, (),
             {"input_batch": SimpleNamespace(max_num_logprobs=0)})  # fmt: skip
     assert seen == [1, 1]
+
+
+# ------------------------------------------------------------------ per-request seeds (shims.seeded_sampling)
+
+
+@pytest.fixture
+def server_facts():
+    from maxtext_compat.shims import seeded_sampling as ss
+
+    saved = dict(ss._SERVER)
+    ss._SERVER.clear()
+    yield ss._SERVER
+    ss._SERVER.clear()
+    ss._SERVER.update(saved)
+
+
+def _validate(seed_defect):
+    seen = []
+    wrapper = sr._validate_factory([d for d in DEFECTS if d.remedy == "refuse"], seed_defect, "0.32.0")(None)
+    return seen, lambda p: wrapper(lambda inputs, got: seen.append(got), "TpuPlatform", ("inputs", p), {})
+
+
+def test_a_seeded_request_reaches_tpu_inferences_check_without_its_seed(server_facts):
+    seed = next(d for d in DEFECTS if d.id == sr.SEED)
+    assert seed.remedy == "fix"
+    seen, validate = _validate(seed)
+    asked = params(temperature=0.7, seed=5)
+    validate(asked)
+    validate(params(temperature=0.0, seed=5))  # greedy: untouched
+    assert seen[0].seed is None and seen[0].temperature == 0.7 and asked.seed == 5  # a copy, the request keeps it
+    assert seen[1].seed == 5
+
+
+@pytest.mark.parametrize(
+    ("facts", "why"),
+    [
+        ({"speculative": True}, "speculative decoding"),
+        ({"dp": 2}, "data parallelism"),
+        ({"continue_decode": True}, "enable_continue_decode"),
+    ],
+)
+def test_a_server_that_cannot_honour_a_seed_refuses_it_naming_why(server_facts, facts, why):
+    server_facts.update(facts)
+    _, validate = _validate(next(d for d in DEFECTS if d.id == sr.SEED))
+    with pytest.raises(RequestRefusedError) as e:
+        validate(params(temperature=0.7, seed=5))
+    assert e.value.argument == "seed" and why in str(e.value) and "known defect per-request-seed" in str(e.value)
+    validate(params(temperature=0.7))  # without a seed: served
+
+
+def test_the_config_vllm_builds_says_what_refuses_seeds(server_facts):
+    from maxtext_compat.shims import seeded_sampling as ss
+
+    wrapper = ss._note_config(None)
+    config = SimpleNamespace(speculative_config=None, sharding_config=SimpleNamespace(total_dp_size=1),
+                             additional_config={"enable_continue_decode": True})  # fmt: skip
+    wrapper(lambda cfg: None, None, (config,), {})
+    assert ss.unsupported() == "with enable_continue_decode (the fused decode loop samples on the device)"
+    wrapper(
+        lambda **kw: None, None, (), {"vllm_config": SimpleNamespace(speculative_config=None, additional_config={})}
+    )
+    assert ss.unsupported() is None
+
+
+def _runner(*reqs, dp=1):
+    """A tpu-inference runner's state: rows of (req_id, seed, temperature, computed tokens)."""
+    requests = {r: SimpleNamespace(sampling_params=SimpleNamespace(seed=s, temperature=t), num_computed_tokens=n)
+                for r, s, t, n in reqs}  # fmt: skip
+    batch = SimpleNamespace(req_ids=[r[0] for r in reqs] + [None], num_reqs=len(reqs))
+    return SimpleNamespace(input_batch=batch, requests=requests, dp_size=dp)
+
+
+def test_the_seeded_rows_of_a_step_are_their_seed_and_the_position_drawn(server_facts):
+    from maxtext_compat.shims import seeded_sampling as ss
+
+    runner = _runner(("a", None, 0.7, 3), ("b", 2**40 + 9, 1.0, 5), ("c", 4, 0.0, 1), ("d", 4, 0.5, 0))
+    scheduled = SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 1, "c": 1, "d": 6})
+    assert ss._seeded_rows(runner, scheduled).rows == ((1, 2**40 + 9, 6), (3, 4, 6))  # greedy c, unseeded a: out
+
+
+def test_a_seeded_row_the_step_cannot_honour_stops_it_loudly(server_facts):
+    from maxtext_compat.errors import ServingError
+    from maxtext_compat.shims import seeded_sampling as ss
+
+    def sample_from_logits(self, scheduler_output, attn_metadata, tpu_sampling_metadata, input_ids, hidden_states,
+                           logits, aux_hidden_states, spec_decode_metadata, kv_connector_output,
+                           logits_indices_selector=None):  # fmt: skip
+        return "sampled"
+
+    wrapper = ss._sample_from_logits_factory(SimpleNamespace(function=sample_from_logits))
+    scheduled = SimpleNamespace(num_scheduled_tokens={"a": 1})
+    seeded = _runner(("a", 3, 0.7, 4))
+    call = (scheduled, None, None, None, None, None, None)
+    assert wrapper(lambda *a, **k: "sampled", seeded, (*call, None, None), {}) == "sampled"
+    with pytest.raises(ServingError, match="speculative decoding"):
+        wrapper(lambda *a, **k: "sampled", seeded, (*call, object(), None), {})
+    with pytest.raises(ServingError, match="data parallelism"):
+        wrapper(lambda *a, **k: "sampled", _runner(("a", 3, 0.7, 4), dp=2), (*call, None, None), {})
+    unseeded = _runner(("a", None, 0.7, 4))
+    assert wrapper(lambda *a, **k: "sampled", unseeded, (*call, object(), None), {}) == "sampled"

@@ -5,18 +5,19 @@ tpu-inference 0.32.0 some request fields fail there or are silently dropped -- f
 Llama as well as MaxText (tests/compat/test_serving_conformance.py compares the two). Each such defect is a
 `known_defects` entry of the installed tpu-inference range in compat_matrix.yaml (what, upstream file and line,
 when); this module holds how each is handled, by id:
-- fixed (`FIXES`): a wrapper that makes the feature work (logprobs=0);
+- fixed (`FIXES`): wrappers that make the feature work (logprobs=0; per-request seeds: `shims.seeded_sampling`,
+  refused where that server cannot honour them);
 - refused (`REFUSALS`): a check run where vLLM validates a request (`TpuPlatform.validate_request`, in the API
   server, before the request reaches the engine) that raises `RequestRefusedError`, which is also vLLM's
-  `VLLMValidationError`: the client gets a 400 naming the parameter, the defect and the fix, instead of a 500
-  with an empty message (per-request seeds) or an answer that ignored what it asked for (penalties, logit_bias,
-  allowed_token_ids, bad_words, min_p, min_tokens).
+  `VLLMValidationError`: the client gets a 400 naming the parameter, the defect and the fix, instead of an
+  answer that ignored what it asked for (penalties, logit_bias, allowed_token_ids, bad_words, min_p, min_tokens).
 Installed by the vLLM plugin in every vLLM process (TPU or CPU: the defects are the stack's, not the CPU's);
 `MAXTEXT_COMPAT_DISABLE_REQUEST_SHIM=1` leaves it out (to see the stack's own behaviour).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from maxtext_compat.errors import RequestRefusedError
-from maxtext_compat.shims import profiles
+from maxtext_compat.shims import profiles, seeded_sampling
 from maxtext_compat.shims.patching import Original, PatchSpec
 
 PROFILE = "serving-requests"
@@ -34,6 +35,7 @@ DISABLE_ENV = "MAXTEXT_COMPAT_DISABLE_REQUEST_SHIM"
 VALIDATE = "tpu_inference.platforms.tpu_platform:TpuPlatform.validate_request"
 SAMPLING_METADATA = "tpu_inference.layers.jax.sample.sampling_metadata:TPUSupportedSamplingMetadata.from_input_batch"
 SAMPLING_EPS = 1e-5  # vLLM's: below it a temperature means greedy
+SEED = "per-request-seed"
 
 log = logging.getLogger("vllm.maxtext_compat.serving_requests")
 _LOCK = threading.RLock()
@@ -85,7 +87,7 @@ def _min_tokens(p: Any) -> Hit | None:
 
 
 REFUSALS: dict[str, Callable[[Any], Hit | None]] = {
-    "per-request-seed": _seed,
+    SEED: _seed,  # where the matrix says refuse; fixed by shims.seeded_sampling where it says fix
     "sampler-ignores-penalties": _penalties,
     "sampler-ignores-token-constraints": _token_constraints,
     "min-tokens-not-enforced": _min_tokens,
@@ -130,18 +132,41 @@ def refusal(defect: Any, tpu_inference: str, hit: Hit) -> RequestRefusedError:
 def check_request(defects: list[Any], tpu_inference: str, params: Any) -> None:
     """Raise for the first refused defect in `defects` that `params` (vLLM SamplingParams) meets."""
     for defect in defects:
-        check = REFUSALS.get(defect.id)
+        check = REFUSALS.get(defect.id) if defect.remedy == "refuse" else None
         hit = None if check is None else check(params)
         if hit is not None:
             raise refusal(defect, tpu_inference, hit)
 
 
-def _validate_factory(defects: list[Any], tpu_inference: str) -> Callable[[Original], Callable[..., Any]]:
+def _seed_served(seed: Any, tpu_inference: str, params: Any) -> Any:
+    """The params tpu-inference's own check gets for a seeded request this server honours (the seed taken out:
+    the check refuses any); a refusal where it cannot (`seeded_sampling.unsupported`)."""
+    why = seeded_sampling.unsupported()
+    if why is not None:
+        raise refusal(seed, tpu_inference, Hit("seed", params.seed, f"leave seed out on this server ({why})"))
+    try:
+        import msgspec
+    except ImportError:  # no vLLM: a plain object stands for the params
+        msgspec = None
+    if msgspec is not None and isinstance(params, msgspec.Struct):
+        return msgspec.structs.replace(params, seed=None)  # its cached sampling_type is computed afresh
+    out = copy.copy(params)
+    out.seed = None
+    return out
+
+
+def _validate_factory(defects: list[Any], seed: Any, tpu_inference: str) -> Callable[[Original], Callable[..., Any]]:
     def factory(original: Original) -> Callable[..., Any]:
         def validate_request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             params = kwargs.get("params", args[1] if len(args) > 1 else None)
             if params is not None and hasattr(params, "temperature"):  # SamplingParams (not PoolingParams)
                 check_request(defects, tpu_inference, params)
+                if seed is not None and seeded_sampling.wants_seed(params):
+                    checked = _seed_served(seed, tpu_inference, params)
+                    if "params" in kwargs:
+                        kwargs = {**kwargs, "params": checked}
+                    else:
+                        args = (args[0], checked, *args[2:])
             return wrapped(*args, **kwargs)
 
         return validate_request
@@ -181,8 +206,11 @@ def _logprobs_zero_factory(original: Original) -> Callable[..., Any]:
     return from_input_batch
 
 
-FIXES: dict[str, tuple[str, Callable[[Original], Callable[..., Any]]]] = {
-    "logprobs-zero-returns-none": (SAMPLING_METADATA, _logprobs_zero_factory),
+FIXES: dict[str, Callable[[], list[PatchSpec]]] = {
+    "logprobs-zero-returns-none": lambda: [
+        PatchSpec(SAMPLING_METADATA, _logprobs_zero_factory, origin=f"{__name__} (fixes logprobs-zero-returns-none)")
+    ],
+    SEED: seeded_sampling.specs,  # validate_request lets the request through (_seed_served)
 }
 
 
@@ -212,13 +240,14 @@ def _specs(tpu_inference: str, defects: list[Any]) -> list[PatchSpec]:
     specs = []
     origin = f"{__name__}"
     refused = [d for d in defects if d.remedy == "refuse" and d.id in REFUSALS]
-    if refused:
-        ids = ", ".join(d.id for d in refused)
-        specs.append(PatchSpec(VALIDATE, _validate_factory(refused, tpu_inference), origin=f"{origin} (refuses {ids})"))
+    seed = next((d for d in defects if d.id == SEED and d.remedy == "fix"), None)
+    if refused or seed is not None:
+        ids = ", ".join(d.id for d in refused) or "none"
+        what = f"{origin} (refuses {ids}" + ("; lets per-request seeds through)" if seed is not None else ")")
+        specs.append(PatchSpec(VALIDATE, _validate_factory(refused, seed, tpu_inference), origin=what))
     for defect in defects:
         if defect.remedy == "fix" and defect.id in FIXES:
-            target, factory = FIXES[defect.id]
-            specs.append(PatchSpec(target, factory, origin=f"{origin} (fixes {defect.id})"))
+            specs.extend(FIXES[defect.id]())
     return specs
 
 
