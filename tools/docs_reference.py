@@ -90,7 +90,7 @@ def conventions_page(m: CompatMatrix | None = None) -> str:
     for r in rows:
         v = r.vllm
         if v is None:
-            out.append(f"| {r.name} | none: the backport (maxtext_compat.convention.backport) serves it | | | | |")
+            out.append(f"| {r.name} | none: the backport (maxtext_compat.backport) serves it | | | | |")
             continue
         out.append(
             f"| {r.name} | {_list(v.attention_modes)} | `{v.rpa_module}` | {v.rpa_call_form} | "

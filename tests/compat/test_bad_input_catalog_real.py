@@ -350,7 +350,7 @@ def _drop_every_cache(row: Any, mocker: Any) -> None:
 
         replace_returned_cache(row.classes["attention"].load(), mocker, lambda given: None)
         return
-    from maxtext_compat.convention.backport import attention as backport_attention
+    from maxtext_compat.backport import attention as backport_attention
 
     def drop_backport(session, op, query, key, value, sinks=None):  # the backport (0.1.0)
         session.take()
@@ -358,7 +358,7 @@ def _drop_every_cache(row: Any, mocker: Any) -> None:
         return query
 
     mocker.patch.object(backport_attention, "attend", drop_backport)
-    mocker.patch("maxtext_compat.convention.backport.hooks.attend", drop_backport)
+    mocker.patch("maxtext_compat.backport.hooks.attend", drop_backport)
 
 
 @pytest.mark.parametrize("family", ["default", "qwen3", "gemma3"])

@@ -128,7 +128,7 @@ except BackendUnavailableError as exc:
     built = "BackendUnavailableError: " + str(exc)
 print(json.dumps({"registered": st.registered, "reason": st.reason, "built": built,
                   "in_registry": "MaxTextForCausalLM" in ml._MODEL_REGISTRY,
-                  "backport": importlib.util.find_spec("maxtext_compat.convention.backport") is not None}))
+                  "backport": importlib.util.find_spec("maxtext_compat.backport") is not None}))
 """
 
 

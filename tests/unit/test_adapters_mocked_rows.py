@@ -181,7 +181,7 @@ def test_scanned_layer_old_call_keeps_y_none(release):
 
 def test_legacy_new_call_goes_to_the_backport(mocker):
     row, cls = attention("0.1.0")
-    backport = mocker.patch("maxtext_compat.convention.backport.call.backport_call", return_value=("OUT", "KV2"))
+    backport = mocker.patch("maxtext_compat.backport.call.backport_call", return_value=("OUT", "KV2"))
     out = cls()("x", "x", "pos", None, model_mode="autoregressive", kv_cache="KV", attention_metadata="MD")
     assert out == ("OUT", "KV2")
     _, native_call, kind, row_arg, t, writes, _ = backport.call_args.args

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from maxtext_compat.convention.backport.call import inner_call
+from maxtext_compat.backport.call import inner_call
 from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.errors import BackportError
 

@@ -1,4 +1,4 @@
-"""The package's imports run one way: versions → matrix → convention → adapters / shims → kernel users.
+"""The package's imports run one way: versions → matrix → convention → kernel → write path, backport → faces.
 
 Why a test: a layering is only as good as the check that keeps it. Every import of the package's own
 modules counts, at module level, inside functions and under TYPE_CHECKING (a lazy import hides an
@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("versions",),  # installed distributions
     ("matrix", "defects"),  # compat_matrix.yaml as typed rows
     ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed
+    ("convention",),  # the call rule: what a call means on each release (no kernel, no patching engine)
     ("shims.registry", "shims.patching", "shims.traced", "shims.profiles"),  # the patching engine (no MaxText)
     # the TPU kernel on CPU
     (
@@ -37,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "shims.rpa_mesh_limits",
     ),
     ("rpa_xla", "paged", "rpa"),  # paged KV cache and kernel dispatch
-    ("convention",),  # the call rule, its kinds table and the 0.1.0 backport
+    ("write_path", "backport"),  # a writing new call below the rule: its checks, and the 0.1.0 backport's kernel
     ("adapters", "shims.maxtext_profiles", "shims.cpu_serving", "shims.cpu_kernel", "shims"),  # the faces users know
     ("weights", "decode", "serving", "convert"),  # serving, weights, the in-process decode loops
     (
@@ -170,6 +171,29 @@ def test_the_checker_sees_what_it_must():
     assert "maxtext_compat.resolver" in GRAPH["maxtext_compat.shims.profiles"]  # TYPE_CHECKING + in a function
     assert "maxtext_compat.shims.maxtext_profiles" in GRAPH["maxtext_compat.vllm_plugin"]  # importlib literal
     assert layer_of("maxtext_compat.shims.maxtext_profiles") > layer_of("maxtext_compat.shims.profiles")
+
+
+def test_the_call_rule_reaches_the_kernel_only_through_its_call_site():
+    """The rule knows neither the kernel, the paged cache, the patching engine nor the backport, through any
+    chain of imports; a call site hands it the write path, and one built without it is refused at once."""
+    below_not = ("paged", "rpa", "rpa_xla", "shims", "backport", "write_path", "adapters")
+    reached: set[str] = set()
+    todo = [m for m in MODULES if m.startswith("maxtext_compat.convention")]
+    while todo:
+        for target in GRAPH[todo.pop()] - reached:
+            reached.add(target)
+            todo.append(target)
+    short = {m.removeprefix("maxtext_compat.") for m in reached}
+    assert not sorted(m for m in short if m.split(".")[0] in below_not)
+
+    import inspect
+
+    from maxtext_compat.convention.rule import CallSite
+    from maxtext_compat.matrix import load_matrix
+
+    sig = inspect.Signature()
+    with pytest.raises(TypeError, match="write_path"):
+        CallSite("attention", load_matrix().row("0.2.5"), sig, sig, "Attention.__call__")  # type: ignore[call-arg]
 
 
 def test_the_docs_draw_the_same_layers():

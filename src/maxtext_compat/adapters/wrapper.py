@@ -6,7 +6,7 @@ submodule, Linen `init`/`apply`), its parameter tree is the module's own, and wr
 instance shares the instance's parameters instead of copying them. Only `__call__` changes:
 it translates the arguments (see translate.py), runs the native call by keyword, and returns
 the convention the caller used (see returns.py). On a release without the vLLM path
-(0.1.0) a new call runs through the backport (see maxtext_compat.convention.backport).
+(0.1.0) a new call runs through the backport (see maxtext_compat.backport and write_path).
 """
 
 from __future__ import annotations
@@ -16,22 +16,15 @@ import inspect
 import threading
 from typing import Any
 
+from maxtext_compat.adapters.rule_shims import RuleShimOf, call_rule_wrapper, is_rule_wrapper
 from maxtext_compat.contract import checked
 from maxtext_compat.convention import declared as callers
 from maxtext_compat.convention.kinds import CLASS_KINDS, kind_named
-from maxtext_compat.convention.rule import (
-    RULE_APPLIED,
-    CallSite,
-    RuleShimOf,
-    call_rule,
-    call_rule_wrapper,
-    is_row_class,
-    is_rule_wrapper,
-    rule_shims_made,
-)
+from maxtext_compat.convention.rule import RULE_APPLIED, CallSite, call_rule, is_row_class, rule_shims_made
 from maxtext_compat.convention.signature import advertised_signature, kind_from_signature, native_signature
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.write_path import WRITE_PATH
 
 _lock = threading.Lock()
 _ADAPTED: dict[tuple[type, str, str], type] = {}
@@ -101,7 +94,7 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
             finally:
                 RULE_APPLIED.reset(token)
 
-        site = CallSite(k, r, native, advertised, where)
+        site = CallSite(k, r, native, advertised, where, write_path=WRITE_PATH)
         # One read of cls.__call__ per call: the decision and the call agree. is_rule_wrapper is this module's
         # name (looked up when the entry changes), so a test can stand in for it to replay an uninstall race.
         rule_shim = RuleShimOf(cls, lambda raw: is_rule_wrapper(raw))

@@ -6,6 +6,12 @@ call (no KV arguments) gets the release's pre-#2616 return; a new call gets (out
 when it hands over a paged cache, writes it through the release's vLLM path or, on releases
 without one, through the backport. A declared caller convention (see `declared`) fixes the
 answer for calls that name nothing.
+
+The rule sits below the paged KV cache, the kernel and the patching engine and imports none of them: a
+writing call's checks and the backport reach it as the `WritePath` its call site was built with
+(`maxtext_compat.write_path.WRITE_PATH`), and whether a class already carries a rule shim is the
+adapter's question (it asks the patching engine). What the rule owns is the state both deliveries share:
+whether a rule shim was made, and which module an adapter is applying the rule to right now.
 """
 
 from __future__ import annotations
@@ -14,21 +20,20 @@ import contextvars
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from maxtext_compat.convention import declared as callers
-from maxtext_compat.convention import new_call, policy
+from maxtext_compat.convention import policy
 from maxtext_compat.convention.binding import NEW, OLD, make_fast_call
-from maxtext_compat.convention.kinds import KINDS, METADATA, Kind, kind_named
+from maxtext_compat.convention.kinds import KINDS, Kind, kind_named
 from maxtext_compat.convention.returns import is_scan_carry
-from maxtext_compat.convention.translate import Translated, Translator, check_kv_writes, describe
+from maxtext_compat.convention.translate import Translated, Translator, describe
 from maxtext_compat.errors import ConventionMismatchError, InvalidArgumentError, KVCacheNotUpdatedError
 from maxtext_compat.matrix import MaxTextRow
 
 TRAIN = "train"
-RULE_PROFILES = ("vllm-backport", "call-rule")  # shim profiles whose class wrappers apply the call rule
 # The module whose call the adapter is running natively right now: a rule shim met on the way (one stacked
-# under another profile's wrapper, which is_rule_wrapper cannot see) must not apply the rule a second time.
+# under another profile's wrapper, which the adapter's shim lookup cannot see) must not apply the rule again.
 RULE_APPLIED: contextvars.ContextVar[int] = contextvars.ContextVar("maxtext_compat_rule_applied", default=0)
 _UNREAD = object()
 _RULE_SHIMS = [False]  # whether a rule shim was ever made in this process (then RULE_APPLIED is worth setting)
@@ -48,55 +53,24 @@ def rule_applied_to(module: Any) -> bool:
     return RULE_APPLIED.get() == id(module)
 
 
-def is_rule_wrapper(raw: Any) -> Any:
-    """The shim (our innermost wrapper) when `raw`, a class-dict entry, applies the call rule; else None.
+class WritePath(Protocol):
+    """What a writing new call needs beyond the rule, from the layers above it (write_path.WRITE_PATH)."""
 
-    The adapter then runs that shim instead of applying the rule a second time (an old call would
-    otherwise be reduced twice: the second `out[0]` takes batch row 0).
+    def prepare(self, kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> None:
+        """Check what the call hands over (caches, layouts, metadata, where each write lands) and put the
+        metadata in the form the release's own vLLM path reads; a typed error before anything runs."""
+        ...
 
-    Decided from the object, not from the registry, so an uninstall racing with the call cannot
-    make the adapter call a bare MaxText method with kv_cache= (the shim still wraps it).
-    """
-    from maxtext_compat.shims.patching import layer_of
+    def backport(
+        self, module: Any, native_call: Callable[..., Any], kind: str, row: MaxTextRow, t: Translated,
+        writes: bool, where: str,
+    ) -> Any:  # fmt: skip
+        """Run a new call on a release without the KV parameters (0.1.0); returns the new convention."""
+        ...
 
-    layer = layer_of(raw)
-    return layer.shim if layer is not None and layer.profile in RULE_PROFILES else None
-
-
-class RuleShimOf:
-    """`is_rule_wrapper` of a class's `__call__` entry, asked on every adapter call and answered again only when
-    the entry changed (a shim installed or removed): the answer depends on that object alone."""
-
-    __slots__ = ("cls", "decide", "seen")
-
-    def __init__(self, cls: type, decide: Callable[[Any], Any] = lambda raw: is_rule_wrapper(raw)) -> None:
-        self.cls, self.decide = cls, decide  # decide: is_rule_wrapper, asked only when the entry changes
-        self.seen: tuple[Any, Any] = (_MISSING, None)  # (the entry last seen, its shim), replaced as one
-
-    def __call__(self) -> Any:
-        raw = _MISSING
-        for klass in self.cls.__mro__:  # the raw entry, as inspect.getattr_static finds it, at a dict lookup's cost
-            raw = klass.__dict__.get("__call__", _MISSING)
-            if raw is not _MISSING:
-                break
-        seen, shim = self.seen
-        if raw is not seen:
-            shim = self.decide(raw)
-            self.seen = (raw, shim)
-        return shim
-
-
-_MISSING = object()
-
-
-def call_rule_wrapper(shim: Any, module: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run the shim's rule wrapper itself, whether or not its profile is still installed.
-
-    Why not call the installed object: it runs the original once its profile is removed (so copies
-    taken while installed stop patching), and an uninstall racing with this call must not turn a new
-    call the adapter already handed to the shim into a bare MaxText call with kv_cache=.
-    """
-    return shim._self_wrapper(shim.__wrapped__.__get__(module, cls), module, args, kwargs)
+    def same_metadata(self, a: Any, b: Any) -> bool:
+        """Whether two metadata objects hold equal arrays (a per-layer dict of equal entries is one group)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +78,8 @@ class CallSite:
     """One MaxText callable the rule serves: what it is, on which release, and how to run it natively.
 
     Built once per adapted class or patched method (not per call). `deprecation=False` skips the
-    deprecation policy (the shim: MaxText's own internal old calls are not the user's to migrate)."""
+    deprecation policy (the shim: MaxText's own internal old calls are not the user's to migrate).
+    `write_path`: what a writing new call runs below the rule (maxtext_compat.write_path.WRITE_PATH)."""
 
     kind: str
     row: MaxTextRow
@@ -112,6 +87,7 @@ class CallSite:
     advertised: inspect.Signature
     where: str  # "Attention.__call__", for messages
     deprecation: bool = True
+    write_path: WritePath = field(kw_only=True, repr=False, compare=False)  # required: no default path
     # Computed once here, read by every call (the eager path's cost: docs and benchmarks/bench_eager.py).
     k: Kind = field(init=False, repr=False, compare=False)
     translate: Translator = field(init=False, repr=False, compare=False)
@@ -130,7 +106,18 @@ class CallSite:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k", kind_named(self.kind))  # a typed error for a kind the table does not have
-        object.__setattr__(self, "translate", Translator(self.kind, self.row, self.native, self.advertised, self.where))
+        object.__setattr__(
+            self,
+            "translate",
+            Translator(
+                self.kind,
+                self.row,
+                self.native,
+                self.advertised,
+                self.where,
+                same_metadata=self.write_path.same_metadata,
+            ),
+        )
         object.__setattr__(self, "takes_model_mode", "model_mode" in self.native.parameters)
         object.__setattr__(self, "row_default", callers.row_declaration(self.row))
         object.__setattr__(self, "scan_carry", self.k.takes_scan_carry)
@@ -213,16 +200,11 @@ def call_rule(
         if cfg is not None and getattr(cfg, "attention", None) not in site.vllm_modes:
             _check_native_vllm(self, row, where, kind)  # refuses: the config selects no vLLM path
     if writes:  # one set of checks before either path: the same input gets the same answer on every release
-        if new_call.check_new_call(k, self, row, t, where):  # array caches: what they are written with
-            check_kv_writes(kind, t, where)
-        if site.has_kv_params:
-            new_call.for_release(t, METADATA)
+        site.write_path.prepare(k, self, row, t, where)
     if site.has_kv_params:
         result = k.new_return(native_call(self, t.kwargs))
     else:
-        from maxtext_compat.convention.backport.call import backport_call
-
-        result = backport_call(self, native_call, kind, row, t, writes, where)
+        result = site.write_path.backport(self, native_call, kind, row, t, writes, where)
     if writes and policy.effective_strict(self.__dict__.get("_mc_strict")):
         _check_kv(k, t.kv, result, where)
     return result

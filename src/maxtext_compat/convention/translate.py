@@ -11,7 +11,7 @@ the argument, the release and the alternative.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,8 @@ from maxtext_compat.convention.binding import make_binder
 from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.matrix import MaxTextRow
-from maxtext_compat.paged.guard import check_new_call
+
+SameMetadata = Callable[[Any, Any], bool]
 
 # Why a parameter cannot be passed to a release that lacks it, and what to do instead.
 REFUSALS: dict[str, str] = {
@@ -72,9 +73,19 @@ class Translator:
     names, the KV argument names) is computed once, when the adapter class or the shim wrapper is made."""
 
     def __init__(
-        self, kind: str, row: MaxTextRow, native: inspect.Signature, advertised: inspect.Signature, where: str
+        self,
+        kind: str,
+        row: MaxTextRow,
+        native: inspect.Signature,
+        advertised: inspect.Signature,
+        where: str,
+        *,
+        same_metadata: SameMetadata,
     ) -> None:
+        """same_metadata: whether two metadata objects hold equal arrays (the kernel side knows; see
+        per_layer_metadata)."""
         self.kind, self.row, self.native, self.advertised, self.where = kind, row, native, advertised, where
+        self.same_metadata = same_metadata
         self.kv_name, self.md_name = KINDS[kind].new_params
         self.native_names = frozenset(native.parameters)
         self.native_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in native.parameters.values())
@@ -104,7 +115,7 @@ class Translator:
         kv = arguments.pop(kv_name, None)
         md = arguments.pop(md_name, None)
         if isinstance(md, Mapping):
-            md = per_layer_metadata(self.kind, self.row, md, kv, self.where)
+            md = per_layer_metadata(self.kind, self.row, md, kv, self.where, same=self.same_metadata)
         if self.native_var_kw or arguments.keys() <= self.native_names:  # every argument is the release's own
             if is_new and self.kv_in_native:
                 arguments[kv_name], arguments[md_name] = kv, md
@@ -132,31 +143,17 @@ class Translator:
         return out
 
 
-def translate(
-    kind: str,
-    row: MaxTextRow,
-    native: inspect.Signature,
-    advertised: inspect.Signature,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    *,
-    where: str,
-    force_new: bool = False,
-) -> Translated:
-    """Bind against the advertised signature and produce the native keyword call (see Translator, which a call
-    site builds once)."""
-    return Translator(kind, row, native, advertised, where)(args, kwargs, force_new=force_new)
-
-
 def layer_entry(md: Mapping[Any, Any], layer: int) -> Any:
     """The key MaxText 0.2.5's NNXDecoder reads for a layer: "layer.{i}", else the index itself."""
     return md.get(f"layer.{layer}", md.get(layer))
 
 
-def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: Any, where: str) -> Any:
+def per_layer_metadata(
+    kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: Any, where: str, *, same: SameMetadata
+) -> Any:
     """tpu-inference's per-layer attention_metadata (a dict, several KV-cache groups): passed on where the
-    release reads it per layer and every layer has its entry; one object where every layer has the same one;
-    else refused. Never a layer silently given another layer's, or no, metadata."""
+    release reads it per layer and every layer has its entry; one object where every layer has the same one
+    (`same(a, b)`: equal arrays); else refused. Never a layer silently given another layer's, or no, metadata."""
     if not KINDS[kind].per_layer:
         raise InvalidArgumentError(
             f"{where} takes one layer's attention metadata, not the per-layer dict",
@@ -186,7 +183,7 @@ def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: An
         )
     if row.vllm is not None and row.vllm.per_layer_metadata:
         return md  # the release reads it per layer (0.2.5's NNXDecoder)
-    if all(e is entries[0] or _same_metadata(e, entries[0]) for e in entries):
+    if all(e is entries[0] or same(e, entries[0]) for e in entries):
         return entries[0]  # one KV-cache group: every layer shares the one metadata (or equal copies of it)
     if not row.has_kv_params:
         return md  # several groups on the backport: its KV session hands each layer its own entry
@@ -199,21 +196,6 @@ def per_layer_metadata(kind: str, row: MaxTextRow, md: Mapping[Any, Any], kv: An
     )
 
 
-def _same_metadata(a: Any, b: Any) -> bool:
-    """Two metadata objects with equal arrays (concrete ones: under jit only the same object is the same)."""
-    from maxtext_compat.paged.checks import is_concrete
-    from maxtext_compat.paged.metadata import is_metadata, metadata_arrays
-
-    if not (is_metadata(a) and is_metadata(b)):
-        return False
-    pairs = list(zip(metadata_arrays(a), metadata_arrays(b), strict=True))
-    if not all(is_concrete(x) and is_concrete(y) for x, y in pairs):
-        return False
-    import numpy as np
-
-    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in pairs)
-
-
 def describe(value: Any) -> str:
     """An argument's value for an error message: type and shape for arrays, a short repr otherwise."""
     shape = getattr(value, "shape", None)
@@ -221,14 +203,3 @@ def describe(value: Any) -> str:
         return f"{type(value).__name__} of shape {tuple(shape)}"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def check_kv_writes(kind: str, t: Translated, where: str) -> None:
-    """Every KV write of a new call lands where its metadata says, or the call is refused (paged.guard)."""
-    caches = KINDS[kind].caches(t.kv)
-    positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
-    if isinstance(t.metadata, Mapping):  # per-layer metadata (checked complete by per_layer_metadata)
-        for layer, cache in enumerate(caches):
-            check_new_call([cache], layer_entry(t.metadata, layer), positions, f"{where} (layer {layer})")
-        return
-    check_new_call(caches, t.metadata, positions, where)

@@ -87,7 +87,7 @@ def cache_mesh_for(model: Any) -> Any:
     if model._mc_row.has_kv_params:
         check_mesh(mesh, argument="model.mesh")
         return mesh
-    from maxtext_compat.convention.backport.attention import rpa_mesh_for
+    from maxtext_compat.backport.attention import rpa_mesh_for
 
     return rpa_mesh_for(mesh)
 

@@ -169,8 +169,8 @@ class BackportServingBackend(NNXTransformerBackend):
         attention_metadata: Any,
         inputs_embeds: Any = None,
     ) -> StepOutput:
-        from maxtext_compat.convention.backport import hooks
-        from maxtext_compat.convention.backport.session import kv_session
+        from maxtext_compat.backport import hooks
+        from maxtext_compat.backport.session import kv_session
 
         if inputs_embeds is not None:
             self._reject_input_embeddings()

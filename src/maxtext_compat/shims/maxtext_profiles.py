@@ -13,11 +13,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from maxtext_compat.convention.backport.call import inner_call
-from maxtext_compat.convention.backport.session import current
+from maxtext_compat.backport.call import inner_call
+from maxtext_compat.backport.session import current
+from maxtext_compat.convention import declared as callers
 from maxtext_compat.convention.kinds import CLASS_KINDS
+from maxtext_compat.convention.rule import CallSite, call_rule, made_a_rule_shim, rule_applied_to
 from maxtext_compat.convention.signature import advertised_signature, native_signature
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.write_path import WRITE_PATH
 
 BACKPORT = "vllm-backport"
 DEFECTS = "known-defects"
@@ -47,12 +50,11 @@ def _unbound(wrapped: Any, instance: Any, args: tuple) -> tuple[Any, Any, tuple]
 
 def _rule_factory(kind: str, row: MaxTextRow) -> Any:
     def factory(original: Any) -> Any:
-        from maxtext_compat.convention.rule import CallSite, call_rule, made_a_rule_shim, rule_applied_to
-
         made_a_rule_shim()  # before the wrapper is written: adapters mark their native calls from now on
         native = native_signature(original.function)
         where = f"{getattr(original.owner, '__qualname__', original.owner)}.__call__"
-        site = CallSite(kind, row, native, advertised_signature(native, kind), where, deprecation=False)
+        site = CallSite(kind, row, native, advertised_signature(native, kind), where, deprecation=False,
+                        write_path=WRITE_PATH)  # fmt: skip
 
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             call, module, args = _unbound(wrapped, instance, args)
@@ -174,7 +176,7 @@ def call_rule_specs(row: MaxTextRow) -> list[Any]:
 
 
 def backport_specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat.convention.backport import hooks
+    from maxtext_compat.backport import hooks
     from maxtext_compat.shims import PatchSpec
 
     here = __name__
@@ -359,7 +361,6 @@ class _CallerConventions:
     """The caller convention as `shims.install(convention=...)` declares it (see profiles.Declarations)."""
 
     def check(self, value: str, argument: str) -> str:
-        from maxtext_compat.convention import declared as callers
 
         return callers.check(value, argument)
 
@@ -367,13 +368,11 @@ class _CallerConventions:
         return for_declared_convention(profile)
 
     def declare(self, value: str, source: str) -> object:
-        from maxtext_compat.convention import declared as callers
 
         callers.set_caller_convention(value, source=source)
         return callers.process_convention()
 
     def forget(self, token: object) -> None:
-        from maxtext_compat.convention import declared as callers
 
         if callers.process_convention() is token:
             callers.set_caller_convention(None)

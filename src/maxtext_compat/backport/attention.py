@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxtext_compat.convention.backport.session import KVSession
+from maxtext_compat import rpa
+from maxtext_compat.backport.session import KVSession
 from maxtext_compat.errors import BackportError
+from maxtext_compat.paged.sharding import make_mesh
 
 HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")
 
 
 def rpa_mesh_for(mesh: Any) -> Any:
     """tpu-inference's ('data', 'model') mesh over the devices of a MaxText mesh (tensor parallel only)."""
-    from maxtext_compat.paged.sharding import make_mesh
-
     shape = dict(mesh.shape)
     tp = 1
     for axis in HEAD_AXES:
@@ -56,8 +56,6 @@ def _sliding_window(op: Any) -> int | None:
 
 def attend(session: KVSession, op: Any, query: Any, key: Any, value: Any, sinks: Any = None) -> Any:
     """RPA for one layer: (B, S, N, H) q and (B, S, K, H) k/v from the layer -> (B, S, N, H) out."""
-    from maxtext_compat import rpa
-
     index, cache = session.take()
     b, s, n, h = query.shape
     kv_heads = key.shape[2]

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxtext_compat.convention.backport.attention import attend
-from maxtext_compat.convention.backport.session import current
+from maxtext_compat.backport.attention import attend
+from maxtext_compat.backport.session import current
 from maxtext_compat.errors import BackportError
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.shims import profiles
+from maxtext_compat.shims.patching import PatchSpec
 
 PROFILE = "backport-hooks"
 TRAIN = "train"  # MaxText's MODEL_MODE_TRAIN in every release
@@ -79,8 +81,6 @@ def _output_head_hook(original: Any) -> Any:
 
 
 def specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat.shims.patching import PatchSpec
-
     def ref(key: str) -> str:
         cls = row.classes[key]
         if cls is None:
@@ -101,8 +101,6 @@ def specs(row: MaxTextRow) -> list[Any]:
 
 def ensure_installed(row: MaxTextRow) -> None:
     """Install the hooks for `row` (idempotent, all or nothing)."""
-    from maxtext_compat.shims import profiles
-
     if profiles.installed(PROFILE) or profiles.installed("vllm-backport"):  # the full shim includes these hooks
         return
     if PROFILE not in profiles.registered_profiles():

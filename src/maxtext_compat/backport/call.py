@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.convention.backport import hooks
-from maxtext_compat.convention.backport.attention import rpa_mesh_for
-from maxtext_compat.convention.backport.session import kv_session
+from maxtext_compat.backport import hooks
+from maxtext_compat.backport.attention import rpa_mesh_for
+from maxtext_compat.backport.session import kv_session
 from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.convention.translate import Translated, describe
 from maxtext_compat.errors import BackportError
+from maxtext_compat.installed_kernel import installed_rpa
 from maxtext_compat.matrix import MaxTextRow
 
 
@@ -22,9 +23,7 @@ def backport_call(
     Returns the new convention.
     writes=False (train mode) follows MaxText 0.2.x: no RPA, the caches come back as given.
     """
-    if writes:  # the call rule checked the caches and the metadata (convention.new_call, paged.guard)
-        from maxtext_compat.installed_kernel import installed_rpa
-
+    if writes:  # the call rule checked the caches and the metadata (write_path, paged.guard)
         installed_rpa()  # typed error up front when there is no tpu-inference (and so no kernel)
     hooks.ensure_installed(row)
     k = KINDS[kind]

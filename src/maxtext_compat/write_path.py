@@ -1,6 +1,12 @@
-"""What a new call that writes the paged KV cache must hand over, checked the same way on every release.
+"""A writing new call's path below the call rule: its checks, then the release's vLLM path or the backport.
 
-Why here, before the release's own path: on MaxText 0.2.x the adapter hands the caches and the metadata to
+Why a module of its own, above the kernel: the call rule (`maxtext_compat.convention`) decides what a call
+means and sits below the paged KV cache and the kernel; what a call that writes the cache must hand over is
+kernel knowledge (layouts, metadata arrays, where each write lands), and the 0.1.0 backport runs the kernel.
+Whoever builds a `CallSite` (the adapters, the shim profiles) hands the rule `WRITE_PATH`, so the rule reaches
+this module without importing it.
+
+Why the checks run before either path: on MaxText 0.2.x the adapter hands the caches and the metadata to
 MaxText's vLLM path and on 0.1.0 to the backport, and each failed in its own way. Found: a Transformer call
 with one cache fewer than its decoder layers was a raw IndexError on 0.2.5 (typed on 0.1.0), one more was
 accepted and handed back unwritten on 0.2.5 (typed on 0.1.0), a cache of another dtype ran on 0.1.0 (the
@@ -15,14 +21,19 @@ a Python list where one cache belongs, or a cache list of the wrong length, is r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from maxtext_compat.convention.kinds import Kind
-from maxtext_compat.convention.translate import Translated, describe
+from maxtext_compat.backport import call as backport
+from maxtext_compat.convention.kinds import METADATA, Kind
+from maxtext_compat.convention.translate import Translated, describe, layer_entry
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError, KernelUnavailableError
+from maxtext_compat.installed_kernel import installed_rpa
 from maxtext_compat.matrix import MaxTextRow
-from maxtext_compat.paged.metadata import RaggedMetadata, is_metadata
+from maxtext_compat.paged.checks import is_concrete
+from maxtext_compat.paged.guard import check_new_call as check_writes
+from maxtext_compat.paged.layout import dtype_name, layout_for
+from maxtext_compat.paged.metadata import RaggedMetadata, is_metadata, metadata_arrays
 
 HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")  # mesh axes that shard attention heads
 ALLOCATE = "allocate them from one KVCacheLayout: maxtext_compat.paged.KVCacheLayout(...).allocate(num_layers)"
@@ -71,9 +82,6 @@ def check_layouts(module: Any, arrays: list[tuple[int, Any]], name: str, where: 
     heads, head_dim, dtype = (getattr(cfg, a, None) for a in ("num_kv_heads", "head_dim", "dtype"))
     if not isinstance(heads, int) or not isinstance(head_dim, int):
         return
-    from maxtext_compat.installed_kernel import installed_rpa
-    from maxtext_compat.paged.layout import dtype_name, layout_for
-
     try:
         hd64_kernel = installed_rpa().row.rpa.call_form == "flat"  # the hd64 kernel came with the flat entry point
     except KernelUnavailableError:
@@ -142,10 +150,58 @@ def check_new_call(kind: Kind, module: Any, row: MaxTextRow, t: Translated, wher
     caches = check_caches(kind, module, t, where)
     arrays = [(i, c) for i, c in enumerate(caches) if _is_array(c)]
     if arrays and not row.has_kv_params:
-        from maxtext_compat.installed_kernel import installed_rpa
-
         installed_rpa()  # the backport runs the kernel itself: no tpu-inference is the first thing to say
     if arrays:
         check_layouts(module, arrays, kind.kv_name, where, kind.per_layer)
         check_metadata_form(t.metadata, where)
     return bool(arrays)
+
+
+def check_kv_writes(kind: Kind, t: Translated, where: str) -> None:
+    """Every KV write of a new call lands where its metadata says, or the call is refused (paged.guard)."""
+    caches = kind.caches(t.kv)
+    positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
+    if isinstance(t.metadata, Mapping):  # per-layer metadata (checked complete by translate.per_layer_metadata)
+        for layer, cache in enumerate(caches):
+            check_writes([cache], layer_entry(t.metadata, layer), positions, f"{where} (layer {layer})")
+        return
+    check_writes(caches, t.metadata, positions, where)
+
+
+def same_metadata(a: Any, b: Any) -> bool:
+    """Two metadata objects with equal arrays (concrete ones: under jit only the same object is the same)."""
+    if not (is_metadata(a) and is_metadata(b)):
+        return False
+    pairs = list(zip(metadata_arrays(a), metadata_arrays(b), strict=True))
+    if not all(is_concrete(x) and is_concrete(y) for x, y in pairs):
+        return False
+    import numpy as np
+
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in pairs)
+
+
+class WritePath:
+    """The `convention.rule.WritePath` every call site hands the rule (`WRITE_PATH`): one object, no state."""
+
+    __slots__ = ()
+
+    def prepare(self, kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> None:
+        """The checks of a writing call, then its metadata as the release's own vLLM path reads it."""
+        if check_new_call(kind, module, row, t, where):  # array caches: what they are written with
+            check_kv_writes(kind, t, where)
+        if row.has_kv_params:
+            for_release(t, METADATA)
+
+    def backport(
+        self, module: Any, native_call: Callable[..., Any], kind: str, row: MaxTextRow, t: Translated,
+        writes: bool, where: str,
+    ) -> Any:  # fmt: skip
+        """A new call on a release without the KV parameters (0.1.0): the backport (looked up per call, so a
+        test can stand in for it)."""
+        return backport.backport_call(module, native_call, kind, row, t, writes, where)
+
+    def same_metadata(self, a: Any, b: Any) -> bool:
+        return same_metadata(a, b)
+
+
+WRITE_PATH = WritePath()
