@@ -21,6 +21,7 @@ import importlib
 import inspect
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,6 +76,11 @@ class Sentinel:
         raise ReachedOriginal(f"argument.{name}")
 
 
+# A new call's KV cache and metadata: stand-ins that are no arrays (the write path checks arrays only) and are
+# never read by MaxText's body before it stops at `self`.
+KV_STANDIN, METADATA_STANDIN = "kv-cache stand-in", "metadata stand-in"
+
+
 def _resolve_target(target: str) -> tuple[Any, str]:
     module, _, path = target.partition(":")
     owner: Any = importlib.import_module(module)
@@ -110,11 +116,27 @@ class Failure(Exception):
     pass
 
 
+def _reader(exc: BaseException) -> str:
+    """The file of the frame whose attribute read raised (the one below FakeSelf's/Sentinel's __getattr__)."""
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return frames[-2] if len(frames) > 1 else ""
+
+
+def _in_maxtext(path: str) -> bool:
+    parts = Path(path).parts
+    return ("maxtext" in parts or "MaxText" in parts) and "maxtext_compat" not in parts
+
+
 def _reaches(name: str, call: Callable[[], Any]) -> Callable[[], str]:
     def run() -> str:
         try:
             out = call()
         except ReachedOriginal as exc:
+            if not _in_maxtext(reader := _reader(exc)):  # our own checks read a stand-in: MaxText never ran
+                raise Failure(f"{name} stopped in {reader} ({exc}) before MaxText's body") from exc
             return "patched" if _through_wrapper(exc) else "original"
         raise Failure(f"{name} returned {out!r} instead of reaching MaxText's body")
 
@@ -125,7 +147,7 @@ def call_sites(name: str, targets: list[str]) -> list[Site]:
     """Per-thread call sites over every `__call__` target of the profile, pyconfig, signatures, adapters."""
     row = maxtext_profiles._row()
     scanned = name == maxtext_profiles.DEFECTS  # known-defects acts on scanned layers given a kv_cache
-    kw = {"kv_cache": Sentinel(), "attention_metadata": Sentinel()} if scanned else {}
+    kw = {"kv_cache": KV_STANDIN, "attention_metadata": METADATA_STANDIN} if scanned else {}
     sites: list[Site] = []
     for target in targets:
         owner, attr = _resolve_target(target)
@@ -142,7 +164,7 @@ def call_sites(name: str, targets: list[str]) -> list[Site]:
 
     sites.append(("adapter attention old", _reaches("adapter", attention_call), patched))
     if row.has_kv_params:
-        new = {"model_mode": "autoregressive", "kv_cache": Sentinel(), "attention_metadata": Sentinel()}
+        new = {"model_mode": "autoregressive", "kv_cache": KV_STANDIN, "attention_metadata": METADATA_STANDIN}
         llama = adapted_class(row.decoder_layers["llama2"].load(), row=row, kind="decoder_layer")
         # The profile patches the Llama layer only where the release lacks its scan carry (0.2.5, not 0.2.4).
         llama_patched = BOTH if f"{row.decoder_layers['llama2']}.__call__" in targets else ORIGINAL
