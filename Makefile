@@ -29,7 +29,7 @@ help:
 	@echo "make test   - set up, then run every test in every environment (writes build/compat-report.md)"
 	@echo "make bench  - benchmarks (writes build/bench.md)"
 	@echo "make docs   - the documentation site, strict (writes build/site/; open build/site/index.html)"
-	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; full-depth churn and fuzz"
+	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; the 32-client load run; full-depth churn and fuzz"
 	@echo "make tpu-wheels - download the TPU tier's wheels the TPU machine lacks into build/tpu-parts/ (docs/tpu.md)"
 	@echo "make test-tpu   - install the TPU tier and run the tests marked tpu (MAXTEXT_COMPAT_TPU=dry: on a CPU)"
 	@echo "make bench-tpu  - the TPU figures into docs/tpu.md (MAXTEXT_COMPAT_TPU=dry: a labelled CPU rehearsal in build/tpu)"

@@ -14,7 +14,6 @@ The issue's goals: a warm 16-token request <= 3 s, our throughput >= 0.9 of the 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import sys
@@ -32,45 +31,10 @@ SEQS = 8  # --max-num-seqs: the clients beyond it queue, as on any vLLM server
 MAX_LEN = 64
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-async def _load(url: str, model: str, prompts: list[str], want: list[list[int]]) -> dict[str, Any]:
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
-    latencies: list[float] = []
-    wrong: list[tuple[int, list[int]]] = []
-    errors: list[str] = []
-    stop_at = time.monotonic() + LOAD_SECONDS
-
-    async def one_client(c: int) -> None:
-        i = c
-        while time.monotonic() < stop_at:
-            k = i % len(prompts)
-            t0 = time.monotonic()
-            try:
-                got = await client.completions.create(model=model, prompt=prompts[k], max_tokens=TOKENS,
-                                                      temperature=0, extra_body={"return_token_ids": True})  # fmt: skip
-            except Exception as exc:  # a lost answer is a finding: counted, reported
-                errors.append(f"{type(exc).__name__}: {exc}"[:200])
-            else:
-                latencies.append(time.monotonic() - t0)
-                if got.choices[0].token_ids != want[k]:
-                    wrong.append((k, list(got.choices[0].token_ids or [])))
-            i += CLIENTS
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(one_client(c) for c in range(CLIENTS)))
-    wall = time.monotonic() - t0
-    await client.close()
-    return {"latencies": latencies, "wrong": wrong, "errors": errors, "wall": wall}
-
-
 def _measure(srv: Any, prompts: list[str], want: list[list[int]]) -> dict[str, Any]:
     from openai import OpenAI
+
+    from helpers.load_run import load_run
 
     client = OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=600)
 
@@ -88,23 +52,22 @@ def _measure(srv: Any, prompts: list[str], want: list[list[int]]) -> dict[str, A
         times.append(time.monotonic() - t0)
         if ids != want[0]:
             raise AssertionError(f"served {ids} != reference {want[0]}: no figure written")
-    load = asyncio.run(_load(srv.url, srv.model, prompts, want))
-    if load["wrong"] or load["errors"]:
-        raise AssertionError(f"load run: {len(load['wrong'])} wrong, {len(load['errors'])} lost: "
-                             f"{load['wrong'][:2]} {load['errors'][:2]}")  # fmt: skip
-    return {"warm": times, **load}
+    load = load_run(srv.url, srv.model, prompts, want, clients=CLIENTS, seconds=LOAD_SECONDS, tokens=TOKENS)
+    if load.wrong or load.errors:
+        raise AssertionError(f"load run: {load.summary()}: {load.wrong[:2]} {load.errors[:2]}")
+    return {"warm": times, "load": load}
 
 
 def _rows(label: str, m: dict[str, Any], peer: dict[str, Any] | None) -> list[dict[str, Any]]:
-    lat = m["latencies"]
-    n = len(lat)
-    rps, tps = n / m["wall"], n * TOKENS / m["wall"]
+    load = m["load"]
+    rps, tps = load.requests_per_s, load.tokens_per_s
     warm = statistics.median(m["warm"])
     how = (f"SmolLM2-135M float32, {TOKENS} greedy tokens, answers equal to transformers'; "
            f"--max-num-seqs {SEQS}, --max-model-len {MAX_LEN}")  # fmt: skip
-    load_how = f"{CLIENTS} concurrent openai clients for {LOAD_SECONDS:g} s, 4 prompts round robin, {n} answers, 0 lost"
-    pct = f"p50 {_percentile(lat, 0.5):.2f} s, p90 {_percentile(lat, 0.9):.2f} s, p99 {_percentile(lat, 0.99):.2f} s"
-    ratio = None if peer is None else tps / (len(peer["latencies"]) * TOKENS / peer["wall"])
+    load_how = (f"{CLIENTS} concurrent openai clients for {LOAD_SECONDS:g} s, 4 prompts round robin, "
+                f"{len(load.latencies)} answers, 0 lost")  # fmt: skip
+    pct = f"p50 {load.percentile(0.5):.2f} s, p90 {load.percentile(0.9):.2f} s, p99 {load.percentile(0.99):.2f} s"
+    ratio = None if peer is None else tps / peer["load"].tokens_per_s
     return [
         run_all.row(f"served · warm {TOKENS}-token request, {label}", warm, "s", how,
                     spread=f"min {min(m['warm']):.2f} s, max {max(m['warm']):.2f} s over {WARM_ROUNDS}"),
