@@ -97,14 +97,18 @@ def _positional(fn: Any) -> list[Any]:
     return [special.get(p.name, Sentinel()) for p in required if p.default is p.empty]
 
 
-def _through_wrapper(exc: BaseException) -> bool:
-    """Whether a shim wrapper is on the traceback (walked by hand: extract_tb reads source lines)."""
-    tb = exc.__traceback__
+def _traceback_files(exc: BaseException) -> list[str]:
+    """The file of each frame on the traceback, outermost first (walked by hand: extract_tb reads source lines)."""
+    tb, files = exc.__traceback__, []
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(WRAPPER_FILES):
-            return True
+        files.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
-    return False
+    return files
+
+
+def _through_wrapper(exc: BaseException) -> bool:
+    """Whether a shim wrapper is on the traceback."""
+    return any(f.endswith(WRAPPER_FILES) for f in _traceback_files(exc))
 
 
 # A site: (name, call, the states it must show) where call returns "patched" / "original" or raises.
@@ -118,11 +122,8 @@ class Failure(Exception):
 
 def _reader(exc: BaseException) -> str:
     """The file of the frame whose attribute read raised (the one below FakeSelf's/Sentinel's __getattr__)."""
-    tb, frames = exc.__traceback__, []
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    return frames[-2] if len(frames) > 1 else ""
+    files = _traceback_files(exc)
+    return files[-2] if len(files) > 1 else ""
 
 
 def _in_maxtext(path: str) -> bool:
