@@ -32,6 +32,7 @@ from helpers import hlo  # noqa: E402
 from helpers.partner_env import require_env  # noqa: E402
 from maxtext_compat.adapters import wrap  # noqa: E402
 from maxtext_compat.decode import compare  # noqa: E402
+from maxtext_compat.errors import KernelUnavailableError  # noqa: E402
 from maxtext_compat.paged import guard  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
@@ -244,6 +245,14 @@ def test_new_call_lowers_to_the_native_ops(shim, kind):
         checked = hlo.count_module_ops(wrap(module), call, *args)
         with mock.patch.dict(os.environ, {guard.TRACED_CHECKS_ENV: "0"}):
             ours = hlo.count_module_ops(wrap(module), call, *args)
+        # an injected fault: no CPU backend (JAX_PLATFORMS=tpu alone, as measured on a v5e) would fail the step
+        # when it runs; it is refused when traced, naming the setting and both fixes
+        with mock.patch.object(guard, "_host_backend_present", return_value=False):
+            with pytest.raises(KernelUnavailableError) as refused:
+                hlo.count_module_ops(wrap(module), call, *args)
+            assert refused.value.argument == "JAX_PLATFORMS" and guard.TRACED_CHECKS_ENV in refused.value.fix
+            with mock.patch.dict(os.environ, {guard.TRACED_CHECKS_ENV: "0"}):
+                assert hlo.count_module_ops(wrap(module), call, *args).total == theirs.total
     print(f"\nHLO ops, new call, {ROW.name} {kind}: adapter {ours.total}, native {theirs.total}")
     assert ours.total == theirs.total and not ours.diff(theirs), ours.diff(theirs)
     # the KV-write check is one host callback (its custom call and the mesh it runs on), nothing else

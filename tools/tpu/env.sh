@@ -27,5 +27,5 @@ if [ "$MAXTEXT_COMPAT_TPU" = dry ]; then
     fi
   fi
 else
-  export JAX_PLATFORMS=${JAX_PLATFORMS:-tpu}
+  export JAX_PLATFORMS=${JAX_PLATFORMS:-tpu,cpu}  # cpu: host callbacks (the traced KV-write check) run there
 fi

@@ -38,6 +38,7 @@ def main(argv: list[str]) -> int:
     print(f"[session] stage {a.stage}: pytest exit {rc} in {time.perf_counter() - start:.0f} s", flush=True)
     if a.bench is None:
         return rc
+    _reopen_closed_log_streams()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_tpu
 
@@ -49,6 +50,20 @@ def main(argv: list[str]) -> int:
         bench_rc = 1
     print(f"[session] bench {a.bench}: exit {bench_rc} in {time.perf_counter() - start:.0f} s", flush=True)
     return rc or bench_rc
+
+
+def _reopen_closed_log_streams() -> None:
+    """Loggers configured while pytest captured output (vLLM's) still write to its closed buffers: point them at
+    stderr, so the bench's warnings are printed instead of a "Logging error" traceback each (seen on the v5e)."""
+    import logging
+
+    named = logging.Logger.manager.loggerDict.values()
+    loggers = [logging.getLogger(), *(v for v in named if isinstance(v, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and getattr(stream, "closed", False):
+                handler.setStream(sys.stderr)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ metadata. These are the same checks the dispatcher runs (paged.metadata_checks),
 - traced (inside jit): the values do not exist yet, so a host callback runs the same checks when the
   step executes; a bad step then fails as a JAX runtime error carrying the typed error's message, and
   its outputs (the new caches) are never returned. The callback is the only op the adapter adds to a
-  jitted new call; MAXTEXT_COMPAT_TRACED_KV_CHECKS=0 leaves it out.
+  jitted new call; MAXTEXT_COMPAT_TRACED_KV_CHECKS=0 leaves it out. A host callback runs on JAX's CPU
+  backend: with JAX_PLATFORMS naming only an accelerator the step is refused when traced (typed error).
 Metadata converted from our RaggedMetadata also checks that its requests were not freed since and that
 it was built for this cache's page size.
 """
@@ -19,7 +20,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from maxtext_compat.errors import InvalidArgumentError
+from maxtext_compat.errors import InvalidArgumentError, KernelUnavailableError
 from maxtext_compat.paged.metadata import check_metadata, metadata_arrays, source_of
 from maxtext_compat.switches import env_flag
 
@@ -62,7 +63,34 @@ def check_new_call(caches: Sequence[Any], metadata: Any, positions: Any, where: 
         return  # the caller chose a step with no host callback in it (MAXTEXT_COMPAT_TRACED_KV_CHECKS=0)
     import jax
 
+    _require_host_backend(where)
     jax.debug.callback(check, *values)
+
+
+@functools.cache
+def _host_backend_present() -> bool:
+    import jax
+
+    try:
+        return bool(jax.devices("cpu"))
+    except RuntimeError:  # JAX_PLATFORMS names the accelerator alone: no CPU backend was initialized
+        return False
+
+
+def _require_host_backend(where: str) -> None:
+    """Refuse at trace time what would fail at run time: a host callback needs JAX's CPU backend."""
+    if _host_backend_present():
+        return
+    import os
+
+    raise KernelUnavailableError(
+        f"{where}: the traced KV-write check runs as a host callback, which needs JAX's CPU backend",
+        argument="JAX_PLATFORMS",
+        expected="a platform list that includes cpu (e.g. tpu,cpu)",
+        found=repr(os.environ.get("JAX_PLATFORMS", "")),
+        fix=f"set JAX_PLATFORMS=tpu,cpu (or cuda,cpu) before JAX starts, or {TRACED_CHECKS_ENV}=0 to leave the "
+        "check out of jitted steps",
+    )
 
 
 def _check_values(
