@@ -53,9 +53,12 @@ def _release_has_a_shim_profile() -> bool:
 
 @functools.cache
 def _matrix_env_names() -> frozenset[str]:
-    from maxtext_compat.matrix import load_matrix
+    from maxtext_compat.matrix import load_matrix, with_environments
 
-    return frozenset(load_matrix(Path(_TESTS_DIR).parent / "compat_matrix.yaml").environments)
+    root = Path(_TESTS_DIR).parent
+    return frozenset(
+        with_environments(load_matrix(root / "compat_matrix.yaml"), root / "tests/environments.yaml").environments
+    )
 
 
 def _marker_envs(item: pytest.Item, name: str) -> tuple[str, ...] | None:
@@ -68,7 +71,7 @@ def _marker_envs(item: pytest.Item, name: str) -> tuple[str, ...] | None:
         # A typo or a renamed environment would deselect the test everywhere without a word.
         raise pytest.UsageError(
             f"{item.nodeid}: @pytest.mark.{name} names {unknown or 'no environment'}; expected names from "
-            f"compat_matrix.yaml {sorted(_matrix_env_names())}; fix the marker or the environment's name"
+            f"tests/environments.yaml {sorted(_matrix_env_names())}; fix the marker or the environment's name"
         )
     return marker.args
 

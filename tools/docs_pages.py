@@ -20,8 +20,8 @@ import re
 import sys
 from pathlib import Path
 
-from maxtext_compat.env_runner import pinned_version
-from maxtext_compat.matrix import CompatMatrix, load_matrix
+from maxtext_compat.matrix import CompatMatrix, load_matrix, with_environments
+from maxtext_compat.report.results import pinned_version
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -31,6 +31,11 @@ RECIPES_START, RECIPES_END = "## Three recipes", "## Supported versions"
 
 
 # ---------------------------------------------------------------------------------------------- versions
+
+
+def ci_matrix() -> CompatMatrix:
+    """This checkout's compat_matrix.yaml with its CI environments (tests/environments.yaml)."""
+    return with_environments(load_matrix(REPO / "compat_matrix.yaml"), REPO / "tests" / "environments.yaml")
 
 
 def _natural(version: str) -> tuple[int, ...]:
@@ -43,7 +48,9 @@ def _range(spec: object) -> str:
 
 
 def versions_table(m: CompatMatrix) -> str:
-    """One row per MaxText release, with the environments that install it; one line for the kernel ranges."""
+    """One row per MaxText release, with the environments that install it; one line for the kernel ranges.
+
+    `m` carries this repository's CI environments (`ci_matrix()`): the shipped matrix has pin sets only."""
     lines = [
         "| MaxText | on PyPI | call convention | its vLLM path needs tpu-inference "
         "| tested here on (tpu-inference, jax) |",
@@ -157,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when the README's versions block is stale")
     args = parser.parse_args(argv)
     current = README.read_text(encoding="utf-8")
-    wanted = readme_with_versions(current, versions_table(load_matrix()))
+    wanted = readme_with_versions(current, versions_table(ci_matrix()))
     if args.check:
         print(f"README.md's versions table is {'current' if wanted == current else 'stale'}")
         return 0 if wanted == current else 1

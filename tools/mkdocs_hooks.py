@@ -35,7 +35,7 @@ def _report_page() -> str:
     from maxtext_compat.report import page
 
     durations = json.loads((REPO / "tests" / "env_durations.json").read_text(encoding="utf-8"))
-    return page.site_page(BUILD, durations)
+    return page.site_page(BUILD, durations, docs_pages.ci_matrix())  # the environments `make test` runs
 
 
 GENERATED: dict[str, Callable[[], str]] = {

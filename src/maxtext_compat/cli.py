@@ -1,4 +1,4 @@
-"""The `maxtext-compat` command line: doctor, resolve, envs, matrix, report, demo, convert, migrate, serve.
+"""The `maxtext-compat` command line: doctor, resolve, envs, matrix, pins, report, demo, convert, migrate, serve.
 
 Why thin: every command is a view over library functions (doctor.collect, resolve,
 envs.build, env_runner.run_matrix) so what the CLI prints is what the tests assert.
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_compat.errors import CompatError
+from maxtext_compat.pinsets import FORMATS
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -61,32 +62,54 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workspace(args: argparse.Namespace) -> Any:
+    """The workspace a matrix command runs in: --project (default: here), its state in --cache-dir."""
+    from maxtext_compat import workspace
+
+    return workspace.current(args.project, state=args.cache_dir, extras=getattr(args, "extras", "") or "")
+
+
+def _environment_names(ws: Any, names: Sequence[str]) -> list[str]:
+    """Environment names as given; in a user's project a release (0.2.5) names its pin set (maxtext-0.2.5)."""
+    from maxtext_compat import envs
+
+    out = []
+    for name in names:
+        envs.check_env_name(name)  # a path or a glob is refused as such, before any lookup
+        if name not in ws.matrix.environments and not ws.is_checkout:
+            name = ws.matrix.pin_set(name).name  # a MatrixError naming the releases when there is none
+        envs.check_env_name(name)
+        ws.matrix.environment(name)
+        out.append(name)
+    return out
+
+
 def _cmd_envs(args: argparse.Namespace) -> int:
     from maxtext_compat import envs
-    from maxtext_compat.matrix import load_matrix
 
     for name in args.names:  # before anything reads the matrix or touches the envs folder
         envs.check_env_name(name)
-    m = load_matrix()
+    ws = _workspace(args)
+    names = _environment_names(ws, args.names)
+    m = ws.matrix
     if args.action == "build":
-        envs.build_all(args.names or None, matrix=m, force=args.force)
+        envs.build_all(names or None, matrix=m, force=args.force, ws=ws)
         return 0
     if args.action == "python":
-        if len(args.names) != 1:
+        if len(names) != 1:
             raise CompatError(
                 "`envs python` takes exactly one environment name",
                 argument="names",
                 found=args.names,
                 fix="e.g. `maxtext-compat envs python maxtext-0.2.5`",
             )
-        m.environment(args.names[0])
-        print(envs.env_python(args.names[0]))
+        print(envs.env_python(names[0], ws))
         return 0
     # `envs list NAME ...`: those environments only; an unknown name is a MatrixError naming the known ones
-    specs = [m.environment(name) for name in args.names] if args.names else list(m.environments.values())
+    specs = [m.environment(name) for name in names] if names else list(m.environments.values())
     rows = []
     for spec in specs:
-        st = envs.status(spec)
+        st = envs.status(spec, ws)
         rows.append(
             {
                 "name": spec.name,
@@ -109,27 +132,102 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """`K/N` -> (K, N); the range is checked by env_runner.shard (one message for every caller)."""
+    part, sep, parts = text.partition("/")
+    try:
+        if not sep:
+            raise ValueError(text)
+        return int(part), int(parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N (e.g. 1/2), found {text!r}") from None
+
+
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from maxtext_compat import env_runner
+    from maxtext_compat.report import results as report
 
+    ws = _workspace(args)
+    selected = _environment_names(ws, args.names) or list(ws.matrix.environments)
+    names = selected
+    run: dict[str, object] = {"selected": selected}
+    if args.shard is not None:
+        part, parts = args.shard
+        durations = env_runner.expected_durations(ws.durations_file) if ws.is_checkout else {}
+        names = env_runner.shard(selected, part, parts, durations)
+        run["shard"] = f"{part}/{parts}"
+    if args.list:
+        print(_job_list(ws, selected, names, args) if args.json else _job_table(ws, names))
+        return 0
+    if not names:  # said, not a silent pass: this shard has nothing to run
+        print(f"matrix: shard {run.get('shard')} of {len(selected)} environment(s) has none to run")
     results = env_runner.run_matrix(
-        args.names or None, pytest_args=args.pytest_args, build=not args.no_build, jobs=args.jobs,
-        report_dir=args.report_dir,
+        names, pytest_args=args.pytest_args, build=not args.no_build, jobs=args.jobs, report_dir=args.report_dir,
+        ws=ws, run=run,
     )  # fmt: skip
-    out = args.report_dir or "build"
+    out = args.report_dir or ws.state
     print()
-    print(env_runner.render_table(results))
+    print(report.render_table(results))
     print(f"report: {out}/compat-report.html (open it in a browser), {out}/compat-report.md, {out}/compat-report.json")
     if args.record_durations:
-        print(f"durations recorded in {env_runner.record_durations(results)}")
-    print(env_runner.closing_line(results))
-    return env_runner.main_exit_code(results)
+        print(f"durations recorded in {env_runner.record_durations(results, ws.durations_file)}")
+    print(report.closing_line(results))
+    return report.main_exit_code(results) if names else 0
+
+
+def _job_list(ws: Any, selected: list[str], names: list[str], args: argparse.Namespace) -> str:
+    """One JSON line, a job per environment, for a CI system's matrix (GitHub Actions' fromJSON, GitLab's
+    parallel:matrix): each job's `shard` (K/N, one environment each) runs it with `matrix SELECTION --shard K/N`, so
+    every job records the same selection and `report --merge` can join them and name any job that is missing."""
+    from maxtext_compat import env_runner
+
+    if args.shard is not None:
+        jobs = [{"name": n, "shard": f"{args.shard[0]}/{args.shard[1]}"} for n in names]
+    else:
+        durations = env_runner.expected_durations(ws.durations_file) if ws.is_checkout else {}
+        parts = len(selected)
+        owner = {n: k for k in range(1, parts + 1) for n in env_runner.shard(selected, k, parts, durations)}
+        jobs = [{"name": n, "shard": f"{owner[n]}/{parts}"} for n in selected]
+    for job in jobs:
+        spec = ws.matrix.environment(job["name"])
+        job.update(maxtext=spec.maxtext, python=spec.python)
+    return json.dumps(jobs)
+
+
+def _job_table(ws: Any, names: list[str]) -> str:
+    rows = [(n, ws.matrix.environment(n)) for n in names]
+    return "\n".join(f"{n:<28} maxtext {spec.maxtext or '-':<6} python {spec.python}" for n, spec in rows)
+
+
+def _cmd_pins(args: argparse.Namespace) -> int:
+    from maxtext_compat import pinsets
+    from maxtext_compat.matrix import load_matrix
+
+    m = load_matrix()
+    if args.list or args.release is None:
+        if args.format == "json":
+            print(json.dumps([pinsets.describe(p, m) for p in m.pin_sets.values()], indent=2))
+        else:
+            for p in m.pin_sets.values():
+                print(f"{p.name:<24} maxtext {p.maxtext or '-':<6} python {p.python}  {p.description}")
+        return 0
+    print(pinsets.render(m.pin_set(args.release), m, args.format, args.folder))
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from maxtext_compat.matrix import load_matrix
+    from maxtext_compat import workspace
     from maxtext_compat.report import page
 
+    m = workspace.matrix_here(args.project)
+    if args.merge:
+        from maxtext_compat.report import merge
+
+        out = args.out or args.cache_dir or Path(workspace.STATE_DIR_NAME)
+        results = merge.merge(args.merge, out, m, screenshot=not args.no_screenshot)
+        print(f"report: {out}/compat-report.html, {out}/compat-report.md, {out}/compat-report.json "
+              f"({len(results)} environments from {len(args.merge)} folders)")  # fmt: skip
+        return 0
     if not args.results.is_file():
         raise CompatError(
             "no results file to draw the report from",
@@ -141,7 +239,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     data = json.loads(args.results.read_text(encoding="utf-8"))
     out = args.out or args.results.parent
     out.mkdir(parents=True, exist_ok=True)
-    print(f"report: {page.write(data, load_matrix(), out, screenshot=not args.no_screenshot)}")
+    print(f"report: {page.write(data, m, out, screenshot=not args.no_screenshot)}")
     return 0
 
 
@@ -200,7 +298,8 @@ EXAMPLES: dict[str, str] = {
     "doctor": "maxtext-compat doctor --json",
     "resolve": "maxtext-compat resolve --maxtext 0.2.2 --tpu-inference 0.20.0",
     "envs": "maxtext-compat envs build maxtext-0.2.5",
-    "matrix": 'maxtext-compat matrix maxtext-0.1.0 maxtext-0.2.5 --pytest-args "$PWD/test_mine.py"',
+    "matrix": "maxtext-compat matrix 0.1.0 0.2.5 --extras test",
+    "pins": "maxtext-compat pins 0.2.5 --format requirements",
     "report": "maxtext-compat report --results build/compat-report.json --out build",
     "demo": "maxtext-compat demo --steps 4 --no-real-model",
     "convert": "maxtext-compat convert SmolLM2-135M-Instruct.Q4_1.gguf smollm2/",
@@ -211,6 +310,23 @@ EXAMPLES: dict[str, str] = {
 def _example(name: str) -> dict[str, Any]:
     """The parser keywords that end a command's help with its example."""
     return {"epilog": f"example:\n  {EXAMPLES[name]}", "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+def _workspace_options(p: argparse.ArgumentParser, *, extras: bool) -> None:
+    p.add_argument(
+        "--project",
+        type=Path,
+        default=None,
+        help="the project whose tests run (default: the current folder; a pyproject.toml project)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where environments, results and logs go (default: PROJECT/.maxtext-compat; build/ here)",
+    )
+    if extras:
+        p.add_argument("--extras", default="", help="your project's extras to install with it (e.g. test)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,12 +353,24 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("names", nargs="*")
     e.add_argument("--force", action="store_true")
     e.add_argument("--json", action="store_true")
+    _workspace_options(e, extras=True)
     e.set_defaults(func=_cmd_envs)
 
     mx = sub.add_parser(
-        "matrix", help="run the test suite inside every environment and write the report", **_example("matrix")
+        "matrix",
+        help="run a project's tests (default: the one here) in one environment per MaxText release, write the report",
+        **_example("matrix"),
     )
-    mx.add_argument("names", nargs="*")
+    mx.add_argument("names", nargs="*", help="environments, or in your project MaxText releases (0.1.0 0.2.5)")
+    _workspace_options(mx, extras=True)
+    mx.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        metavar="K/N",
+        help="run the K-th of N shards of the selection (one per machine; `report --merge` joins them)",
+    )
+    mx.add_argument("--list", action="store_true", help="print the environments this run (or shard) would run")
     mx.add_argument("--no-build", action="store_true")
     mx.add_argument(
         "--jobs", type=_positive_int, default=1, help="environments run at once (output to build/logs/ENV.log)"
@@ -253,8 +381,21 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument(
         "--report-dir", type=Path, default=None, help="where the reports, junit files and logs go (default: build/)"
     )
+    mx.add_argument("--json", action="store_true", help="with --list: one JSON line (a CI system's job matrix)")
     mx.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
     mx.set_defaults(func=_cmd_matrix)
+
+    pn = sub.add_parser(
+        "pins", help="the tested install of a MaxText release, for any runner (uv, pip, nox, tox, CI)",
+        **_example("pins"),
+    )  # fmt: skip
+    pn.add_argument("release", nargs="?", help="a MaxText release (0.2.5) or a pin set's name; none: list the sets")
+    pn.add_argument("--format", choices=FORMATS, default="commands",
+                    help="commands: a shell script that builds it with uv (default); json: every field; "
+                    "requirements / no-deps / overrides: that part as a requirements file")  # fmt: skip
+    pn.add_argument("--folder", type=Path, default=None, help="with --format commands: where the script's files go")
+    pn.add_argument("--list", action="store_true", help="list the pin sets")
+    pn.set_defaults(func=_cmd_pins)
 
     rp = sub.add_parser(
         "report", help="write the report page (HTML + screenshot) again from a results file", **_example("report")
@@ -262,6 +403,15 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--results", type=Path, default=Path("build/compat-report.json"), help="what `matrix` wrote")
     rp.add_argument("--out", type=Path, default=None, help="the folder for compat-report.html (default: beside it)")
     rp.add_argument("--no-screenshot", action="store_true", help="leave out compat-report.png (needs Chromium)")
+    rp.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="join the results folders of many machines (one per shard) into one report in --out",
+    )
+    _workspace_options(rp, extras=False)
     rp.set_defaults(func=_cmd_report)
 
     dm = sub.add_parser(

@@ -1,9 +1,9 @@
-"""Run the test suite inside every matrix environment and report env x passed/failed/skipped.
+"""Run a workspace's tests inside each of its environments and report env x passed/failed/skipped.
 
-Why our own runner instead of nox: the environments are defined by compat_matrix.yaml
-(not by a noxfile), are built by `envs.build` from uv's cache, and the report must count
-skips separately from passes and treat an environment that fails to build, or runs no
-test, as failed.
+Why our own runner (nox sessions exist too: maxtext_compat.nox): the environments are the pin sets
+of compat_matrix.yaml, built by `envs.build` from uv's cache and reused across runs, the report must
+count skips separately from passes and treat an environment that fails to build, or runs no test,
+as failed, and a run can be split into shards that machines run apart (`shard`, report.merge).
 """
 
 from __future__ import annotations
@@ -20,17 +20,15 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from maxtext_compat import envs
+from maxtext_compat import envs, workspace
 from maxtext_compat.atomic_file import PARTIAL_GLOB
 from maxtext_compat.envmemory import MEMORY_FILE, Admission, PeakSampler, memory_budget_gb, record_peaks, recorded_peaks
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
-from maxtext_compat.matrix import CompatMatrix, EnvironmentSpec, load_matrix
-from maxtext_compat.report import evidence as report_evidence
-from maxtext_compat.report import page as report_page
+from maxtext_compat.matrix import CompatMatrix
+from maxtext_compat.report.results import EnvResult, closing_line, main_exit_code, render_table, write_reports
+from maxtext_compat.workspace import Workspace
 
 ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
 # Seconds each environment's suite took on the reference 2-core machine: the longest start first, so
@@ -42,28 +40,6 @@ TIMEOUT_VAR = "MAXTEXT_COMPAT_ENV_TIMEOUT"
 # Generous: the recorded times come from one machine, and a slower or busier one must not read as a hang.
 TIMEOUT_FACTOR, MIN_TIMEOUT_S, DEFAULT_TIMEOUT_S = 4.0, 1800.0, 3600.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it a value is a typo (inf would mean no timeout at all)
-
-
-Status = Literal["ok", "failed", "build-failed", "no-tests", "timeout"]
-
-
-@dataclass
-class EnvResult:
-    name: str
-    maxtext: str | None
-    versions: dict[str, str] = field(default_factory=dict)
-    passed: int = 0
-    failed: int = 0
-    errors: int = 0
-    skipped: int = 0
-    duration_s: float = 0.0
-    status: Status = "ok"
-    detail: str = ""
-    peak_memory_gb: float = 0.0  # summed memory (PSS) of the run's process tree at its highest
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 def _versions_in(python: Path) -> dict[str, str]:
@@ -103,18 +79,20 @@ def run_env(
     log: Callable[[str], None] = print,
     output: Path | None = None,
     build_lock: contextlib.AbstractContextManager[object] | None = None,
+    ws: Workspace | None = None,
 ) -> EnvResult:
     """Run pytest in one environment; its output goes to `output` (a log file) when given.
 
     `build_lock` serialises the build step when environments run at once (they share uv's cache and the
     envs folder); the tests themselves run outside it.
     """
+    ws = ws if ws is not None else workspace.default()
     spec = matrix.environment(name)
     res = EnvResult(name=name, maxtext=spec.maxtext)
     t0 = time.monotonic()
     try:
         with build_lock if build_lock is not None else contextlib.nullcontext():
-            st = envs.build(spec, log=log) if build else envs.status(spec)
+            st = envs.build(spec, log=log, ws=ws) if build else envs.status(spec, ws)
         if not st.built:
             raise EnvironmentBuildError(
                 f"environment {name!r} is not built",
@@ -125,14 +103,13 @@ def run_env(
         res.duration_s = round(time.monotonic() - t0, 1)
         log(f"[matrix] {name}: BUILD FAILED\n{exc}")
         return res
-    python = envs.env_python(name)
+    python = envs.env_python(name, ws)
     res.versions = _versions_in(python)
     junit = report_dir / "junit" / f"{name}.xml"
     junit.parent.mkdir(parents=True, exist_ok=True)
     if junit.exists():
         junit.unlink()
-    env = dict(os.environ)
-    env.update(spec.env)
+    env = ws.spec_env(spec)
     env[ENV_NAME_VAR] = name
     env.pop("VIRTUAL_ENV", None)
     env.update(compile_cache_env(name))
@@ -143,11 +120,11 @@ def run_env(
     log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-    limit = env_timeout(name)
+    limit = env_timeout(name, expected_durations(ws.durations_file))
     with output.open("w", encoding="utf-8") if output else contextlib.nullcontext() as fh:
         # Its own process group: a hung run is stopped with everything it started (vllm servers, partners).
         proc = subprocess.Popen(
-            cmd, cwd=envs.project_root(), env=env, stdout=fh, stderr=subprocess.STDOUT if fh else None,
+            cmd, cwd=ws.project, env=env, stdout=fh, stderr=subprocess.STDOUT if fh else None,
             start_new_session=True,
         )  # fmt: skip
         try:
@@ -180,7 +157,7 @@ def run_env(
     return res
 
 
-def env_timeout(name: str) -> float:
+def env_timeout(name: str, durations: dict[str, float] | None = None) -> float:
     """Seconds an environment's pytest may run: MAXTEXT_COMPAT_ENV_TIMEOUT, else 4x its recorded time (at least
     30 min; an hour when none is recorded). A hang (an interpreter deadlock, a server that never answers) ends
     as a failed environment instead of stalling the whole run."""
@@ -191,7 +168,7 @@ def env_timeout(name: str) -> float:
     )
     if seconds is not None:
         return seconds
-    recorded = expected_durations().get(name)
+    recorded = (durations if durations is not None else expected_durations()).get(name)
     return max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * recorded) if recorded else DEFAULT_TIMEOUT_S
 
 
@@ -271,8 +248,11 @@ def prune_unused_caches(now: float | None = None) -> list[Path]:
 
 
 def expected_durations(path: Path | None = None) -> dict[str, float]:
-    """Recorded seconds per environment (empty when the file is missing or unreadable)."""
-    p = path if path is not None else envs.project_root() / DURATIONS_FILE
+    """Recorded seconds per environment (empty when the file is missing or unreadable; by default this checkout's)."""
+    root = workspace.checkout_root()
+    p = path if path is not None else None if root is None else root / DURATIONS_FILE
+    if p is None:
+        return {}
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -284,6 +264,7 @@ def record_durations(results: Sequence[EnvResult], path: Path | None = None) -> 
     """Write the seconds of this run's environments into the durations file, and their peak memory into
     tests/env_memory.json beside it (others are kept)."""
     p = path if path is not None else envs.project_root() / DURATIONS_FILE
+    p.parent.mkdir(parents=True, exist_ok=True)
     data = {name: round(seconds) for name, seconds in expected_durations(p).items()}  # whole seconds, as written
     ok = [r for r in results if r.status == "ok"]
     data.update({r.name: round(r.duration_s) for r in ok})
@@ -307,8 +288,11 @@ def run_matrix(
     report_dir: Path | None = None,
     log: Callable[[str], None] = print,
     jobs: int = 1,
+    ws: Workspace | None = None,
+    run: dict[str, object] | None = None,
 ) -> list[EnvResult]:
-    """Run every selected environment; with jobs > 1, that many at once, each logging to build/logs/."""
+    """Run every selected environment of the workspace (default: this checkout, else the current folder's project);
+    with jobs > 1, that many at once, each logging to its logs/ folder."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise InvalidArgumentError(
             "jobs must be >= 1",
@@ -317,8 +301,9 @@ def run_matrix(
             found=repr(jobs),
             fix="pass jobs=1 to run environments one after another",
         )
-    m = matrix if matrix is not None else load_matrix()
-    out_dir = report_dir if report_dir is not None else envs.project_root() / "build"
+    ws = ws if ws is not None else workspace.default()
+    m = matrix if matrix is not None else ws.matrix
+    out_dir = report_dir if report_dir is not None else ws.state
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = list(names) if names else list(m.environments)
     if pruned := prune_unused_caches():
@@ -327,11 +312,39 @@ def run_matrix(
         results = []
         for i, name in enumerate(selected, 1):
             log(f"[matrix] ({i}/{len(selected)}) environment {name}")
-            results.append(run_env(name, matrix=m, pytest_args=pytest_args, build=build, report_dir=out_dir, log=log))
+            results.append(
+                run_env(name, matrix=m, pytest_args=pytest_args, build=build, report_dir=out_dir, log=log, ws=ws)
+            )
     else:
-        results = _run_parallel(selected, m, pytest_args, build, out_dir, log, jobs)
-    write_reports(results, m, out_dir)
+        results = _run_parallel(selected, m, pytest_args, build, out_dir, log, jobs, ws)
+    about = {"project": ws.project_name, "selected": selected, **(run or {})}
+    write_reports(results, m, out_dir, claims=ws.is_checkout, run=about)
     return results
+
+
+def shard(names: Sequence[str], part: int, parts: int, durations: dict[str, float] | None = None) -> list[str]:
+    """Shard `part` of `parts` (1-based) of `names`: the longest recorded first, each to the lightest shard (an
+    unknown duration counts as the longest known, or 1; ties: the fewest names, then the lowest shard). Every
+    machine given the same names and recorded durations computes the same split: the shards cover `names` once."""
+    if not (isinstance(parts, int) and isinstance(part, int) and 1 <= part <= parts):
+        raise InvalidArgumentError(
+            "is not a shard of the run",
+            argument="--shard",
+            expected="K/N with 1 <= K <= N, e.g. 1/2",
+            found=f"{part}/{parts}",
+            fix="number the shards from 1 to N; every machine passes the same N",
+        )
+    known = durations or {}
+    default = max(known.values(), default=1.0) or 1.0
+    load, count = [0.0] * parts, [0] * parts
+    mine = set()
+    for name in schedule(list(names), known):
+        k = min(range(parts), key=lambda i: (load[i], count[i], i))  # equal loads (zeros): the fewest names
+        load[k] += known.get(name, default)
+        count[k] += 1
+        if k == part - 1:
+            mine.add(name)
+    return [n for n in names if n in mine]
 
 
 def _run_parallel(
@@ -342,6 +355,7 @@ def _run_parallel(
     out_dir: Path,
     log: Callable[[str], None],
     jobs: int,
+    ws: Workspace,
 ) -> list[EnvResult]:
     lock, build_lock = threading.Lock(), threading.Lock()
 
@@ -361,6 +375,7 @@ def _run_parallel(
             log=say,
             output=logfile,
             build_lock=build_lock,
+            ws=ws,
         )
         say(
             f"[matrix] {name}: {res.status}, {res.passed} passed, {res.failed + res.errors} failed, "
@@ -371,8 +386,8 @@ def _run_parallel(
             say("\n".join([f"[matrix] {name}: last lines of {logfile}:", *tail]))
         return res
 
-    order = schedule(selected, expected_durations())
-    peaks = recorded_peaks(envs.project_root() / MEMORY_FILE)
+    order = schedule(selected, expected_durations(ws.durations_file))
+    peaks = recorded_peaks(ws.memory_file) if ws.memory_file is not None else {}
     gate = Admission(order, peaks, jobs, memory_budget_gb())
     futures = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -382,124 +397,6 @@ def _run_parallel(
             futures[name] = future
         done = {n: f.result() for n, f in futures.items()}
     return [done[n] for n in selected]
-
-
-MOCKED_MAXTEXT = "pytest-mock tests against the matrix (no environment installs it)"
-MOCKED_TPU_INFERENCE = "pytest-mock tests of the exact RPA call and metadata for the range (no environment installs it)"
-
-
-def mocked_rows(m: CompatMatrix) -> list[str]:
-    """MaxText releases with no real environment: covered by pytest-mock tests only."""
-    real = {e.maxtext for e in m.environments.values() if e.maxtext}
-    return [r.name for r in m.maxtext if r.name not in real]
-
-
-def pinned_version(env: EnvironmentSpec, package: str) -> str | None:
-    """The exact version of `package` an environment installs (`name==X`; an override wins over its pins)."""
-    return env.pinned(package)
-
-
-def _pinned(m: CompatMatrix, package: str) -> set[str]:
-    """Exact versions of `package` some environment installs."""
-    return {v for env in m.environments.values() if (v := pinned_version(env, package)) is not None}
-
-
-def mocked_tpu_inference_rows(m: CompatMatrix) -> list[str]:
-    """tpu-inference ranges no environment installs a version of: covered by pytest-mock tests only."""
-    pins = _pinned(m, "tpu-inference")
-    return [r.label for r in m.tpu_inference if not any(r.contains(v) for v in pins)]
-
-
-def why_not_real(m: CompatMatrix, label: str) -> str:
-    """The row's own one-line reason no environment installs it (`not_real:` in the matrix)."""
-    row = next(r for r in m.tpu_inference if r.label == label)
-    return row.not_real or "no reason given (add `not_real:` to the row)"
-
-
-def write_reports(results: Sequence[EnvResult], m: CompatMatrix, out_dir: Path) -> None:
-    """compat-report.json, .md and .html (the grid page, with a screenshot when Chromium is installed)."""
-    data = {
-        "envs": [
-            {
-                k: v
-                for k, v in asdict(r).items()
-                if k
-                in (
-                    "name",
-                    "versions",
-                    "passed",
-                    "failed",
-                    "skipped",
-                    "duration_s",
-                    "peak_memory_gb",
-                    "errors",
-                    "status",
-                    "detail",
-                    "maxtext",
-                )
-            }
-            for r in results
-        ],
-        "mocked_rows": [{"maxtext": name, "covered_by": MOCKED_MAXTEXT} for name in mocked_rows(m)],
-        "mocked_tpu_inference_rows": [
-            {"tpu_inference": rng, "covered_by": MOCKED_TPU_INFERENCE, "why": why_not_real(m, rng)}
-            for rng in mocked_tpu_inference_rows(m)
-        ],
-    }
-    for env in data["envs"]:  # what each proved (a real server, the real kernel), from its junit file
-        env["proofs"] = report_evidence.proofs(out_dir / "junit" / f"{env['name']}.xml")
-    (out_dir / "compat-report.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
-    (out_dir / "compat-report.md").write_text(render_markdown(results, m), encoding="utf-8")
-    report_page.write(data, m, out_dir)
-
-
-def render_table(results: Sequence[EnvResult]) -> str:
-    head = (
-        f"{'environment':<22} {'maxtext':<8} {'passed':>7} {'failed':>7} {'skipped':>8} {'time':>8} {'peak':>8}  status"
-    )
-    lines = [head, "-" * len(head)]
-    for r in results:
-        lines.append(
-            f"{r.name:<22} {r.maxtext or '-':<8} {r.passed:>7} {r.failed + r.errors:>7} {r.skipped:>8} "
-            f"{r.duration_s:>7.0f}s {r.peak_memory_gb:>6.1f}GB  {r.status}"
-        )
-    return "\n".join(lines)
-
-
-def render_markdown(results: Sequence[EnvResult], m: CompatMatrix) -> str:
-    lines = [
-        "# Compat test matrix report",
-        "",
-        "| environment | maxtext | versions | passed | failed | skipped | time (s) | peak memory (GB) | status |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in results:
-        vers = ", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())) or "-"
-        lines.append(
-            f"| {r.name} | {r.maxtext or '-'} | {vers} | {r.passed} | {r.failed + r.errors} | {r.skipped} | "
-            f"{r.duration_s:.0f} | {r.peak_memory_gb:.1f} | {r.status} |"
-        )
-    lines += ["", "## Rows covered only by mocked versions", ""]
-    mocked, ranges = mocked_rows(m), mocked_tpu_inference_rows(m)
-    lines += [f"- MaxText {name}: {MOCKED_MAXTEXT}" for name in mocked]
-    lines += [f"- tpu-inference {r}: {MOCKED_TPU_INFERENCE}; not installed here: {why_not_real(m, r)}" for r in ranges]
-    if not mocked and not ranges:  # said, so an empty section is not read as a cut-off list
-        lines.append(f"None: each of the {len(m.maxtext)} MaxText rows and {len(m.tpu_inference)} tpu-inference ranges "
-                     "is installed by an environment of the matrix.")  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def closing_line(results: Sequence[EnvResult]) -> str:
-    passed = sum(r.passed for r in results)
-    failed = sum(r.failed + r.errors for r in results) + sum(
-        1 for r in results if r.status in ("build-failed", "no-tests")
-    )
-    skipped = sum(r.skipped for r in results)
-    return f"compat-matrix: {passed} passed, {failed} failed, {skipped} skipped"
-
-
-def main_exit_code(results: Sequence[EnvResult]) -> int:
-    return 0 if results and all(r.ok for r in results) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,9 +1,10 @@
-"""Build the matrix's environments with uv, straight from compat_matrix.yaml.
+"""Build a workspace's environments with uv: a pin set (or a CI environment) plus what the workspace installs.
 
 Why uv and a spec hash: the real environments hold up to ~10 GB of wheels (vllm-tpu,
 torch, CUDA libraries). uv hard-links them from its cache, so a rebuild costs seconds,
-and a hash of the environment's YAML entry (plus the project's own dependencies) tells
-an up-to-date environment (no-op) from one whose spec changed (rebuilt).
+and a hash of the environment's entry plus what goes on top (this checkout's dependencies;
+in a user's project, theirs and the installed maxtext-compat) tells an up-to-date
+environment (no-op) from one whose spec changed (rebuilt).
 
 Why build beside and swap: a build that fails or is interrupted (Ctrl-C, a kill) must leave
 either the previous environment, whole, or none, never a half-built one that looks built.
@@ -30,40 +31,36 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from maxtext_compat import pinsets, workspace
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
-from maxtext_compat.matrix import ENV_NAME_RULE, CompatMatrix, EnvironmentSpec, load_matrix, valid_env_name
+from maxtext_compat.matrix import ENV_NAME_RULE, CompatMatrix, EnvironmentSpec, valid_env_name
+from maxtext_compat.workspace import ENVS_DIR_VAR, Workspace
 
-ENVS_DIR_VAR = "MAXTEXT_COMPAT_ENVS_DIR"
+__all__ = ["ENVS_DIR_VAR"]  # re-exported: the variable's home is workspace
+
 PYTHON_VAR = "MAXTEXT_COMPAT_PYTHON"
 MARKER = "maxtext-compat-env.json"
 BUILDER_VERSION = 1  # bump to force every environment to rebuild
 
 
 def project_root() -> Path:
-    """The source checkout this package runs from (environments are built from it)."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "pyproject.toml").is_file() or not (root / "compat_matrix.yaml").is_file():
+    """The source checkout this package runs from (this repository's own CI files live there)."""
+    root = workspace.checkout_root()
+    if root is None:
         raise EnvironmentBuildError(
-            "environments are built from a source checkout, and none was found",
-            expected=f"pyproject.toml and compat_matrix.yaml in {root}",
-            fix="run from a clone of maxtext-compat (an installed wheel cannot build the test environments)",
+            "this command needs the maxtext-compat source checkout, and none was found",
+            expected=f"pyproject.toml, compat_matrix.yaml and {workspace.CI_LAYOUT} beside the package",
+            fix="run `maxtext-compat matrix` in your own project instead (it builds the shipped pin sets there)",
         )
     return root
 
 
-def envs_dir() -> Path:
-    override = os.environ.get(ENVS_DIR_VAR)
-    if not override:
-        return project_root() / ".envs"
-    if not override.strip() or "\0" in override:
-        raise InvalidArgumentError(
-            f"{ENVS_DIR_VAR} is not a usable folder name",
-            argument=ENVS_DIR_VAR,
-            expected="the path of the folder that holds the environments",
-            found=repr(override),
-            fix=f"set {ENVS_DIR_VAR} to a folder path, or unset it to use .envs in the checkout",
-        )
-    return Path(override)
+def _ws(ws: Workspace | None) -> Workspace:
+    return ws if ws is not None else workspace.default()
+
+
+def envs_dir(ws: Workspace | None = None) -> Path:
+    return _ws(ws).envs_dir
 
 
 def check_env_name(name: object) -> str:
@@ -80,12 +77,12 @@ def check_env_name(name: object) -> str:
     return name
 
 
-def env_path(name: str) -> Path:
-    return envs_dir() / check_env_name(name)
+def env_path(name: str, ws: Workspace | None = None) -> Path:
+    return envs_dir(ws) / check_env_name(name)
 
 
-def env_python(name: str) -> Path:
-    return env_path(name) / "bin" / "python"
+def env_python(name: str, ws: Workspace | None = None) -> Path:
+    return env_path(name, ws) / "bin" / "python"
 
 
 @dataclass(frozen=True)
@@ -102,33 +99,20 @@ class EnvStatus:
         return dict(self.__dict__)
 
 
-def spec_hash(spec: EnvironmentSpec) -> str:
-    """Hash of everything that decides the environment's contents."""
-    project = _project_dependencies()
+def spec_hash(spec: EnvironmentSpec, ws: Workspace | None = None) -> str:
+    """Hash of everything that decides the environment's contents: the pins, and what the workspace installs on
+    top of them (this checkout's dependencies; in a user's project, theirs, their extras and our installed files)."""
     payload = json.dumps(
-        {"spec": spec.as_dict(), "project": project, "builder": BUILDER_VERSION}, sort_keys=True
+        {"spec": spec.as_dict(), **_ws(ws).identity, "builder": BUILDER_VERSION}, sort_keys=True
     ).encode()
     return hashlib.sha256(payload).hexdigest()[:16]
 
 
-def _project_dependencies() -> dict[str, object]:
-    import tomllib
-
-    data = tomllib.loads((project_root() / "pyproject.toml").read_text(encoding="utf-8"))
-    proj = data.get("project", {})
-    # Entry points are recorded at install time: a new plugin or script needs a reinstall too.
-    return {
-        "dependencies": proj.get("dependencies", []),
-        "optional": proj.get("optional-dependencies", {}),
-        "scripts": proj.get("scripts", {}),
-        "entry_points": proj.get("entry-points", {}),
-    }
-
-
-def status(spec: EnvironmentSpec) -> EnvStatus:
-    path = env_path(spec.name)
+def status(spec: EnvironmentSpec, ws: Workspace | None = None) -> EnvStatus:
+    ws = _ws(ws)
+    path = env_path(spec.name, ws)
     marker = path / MARKER
-    want = spec_hash(spec)
+    want = spec_hash(spec, ws)
     if not marker.is_file() or not (path / "bin" / "python").exists():
         return EnvStatus(spec.name, str(path), False, False, want)
     try:
@@ -211,16 +195,19 @@ def find_uv() -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def build(spec: EnvironmentSpec, *, force: bool = False, log: Callable[[str], None] = print) -> EnvStatus:
+def build(
+    spec: EnvironmentSpec, *, force: bool = False, log: Callable[[str], None] = print, ws: Workspace | None = None
+) -> EnvStatus:
     """Create or refresh one environment; a no-op when it is up to date.
 
     Under the environment's lock the status is read again (a build that waited for another one
     finds it done), then a new environment is built beside the old one and swapped in. On any
     failure or interrupt the old environment stays as it was and the new one is deleted."""
     name = check_env_name(spec.name)
-    root = envs_dir()
-    with env_lock(name, log):
-        current = status(spec)
+    ws = _ws(ws)
+    root = envs_dir(ws)
+    with env_lock(name, log, ws):
+        current = status(spec, ws)
         if current.up_to_date and not force:
             log(f"[envs] {name}: up to date ({current.path})")
             return current
@@ -235,53 +222,45 @@ def build(spec: EnvironmentSpec, *, force: bool = False, log: Callable[[str], No
         work = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=root))
         try:
             new = work / "env"
-            _populate(spec, new, uv, python, t0)
+            _populate(spec, new, uv, python, t0, ws)
             _check_relocated(new, spec)
             _swap(new, path, work)
         finally:
             _remove_inside(work, root)  # the build folder, and the old environment swapped into it
-    st = status(spec)
+    st = status(spec, ws)
     log(f"[envs] {name}: built in {st.duration_s}s")
     return st
 
 
-def _populate(spec: EnvironmentSpec, path: Path, uv: list[str], python: str, t0: float) -> None:
-    """A complete environment at `path`: a relocatable venv, the pins, this project, the marker last."""
+def _populate(spec: EnvironmentSpec, path: Path, uv: list[str], python: str, t0: float, ws: Workspace) -> None:
+    """A complete environment at `path`: a relocatable venv, the pin set, maxtext-compat, the user's project (held
+    to the set's pins by constraints), the marker last."""
     # --relocatable: scripts find their interpreter relative to themselves, so the venv still
     # works after the rename into place (uv otherwise writes the build path into every shebang).
     _run([*uv, "venv", "--quiet", "--relocatable", "--python", python, str(path)], spec)
     work = path / "maxtext-compat-spec"
-    work.mkdir()
-    common = ["--python", str(path / "bin" / "python")]
-    if spec.exclude_newer:
-        common += ["--exclude-newer", spec.exclude_newer]
-    if spec.overrides:
-        ov = work / "overrides.txt"
-        ov.write_text("\n".join(spec.overrides) + "\n", encoding="utf-8")
-        common += ["--override", str(ov)]
-    if spec.requirements:
-        req = work / "requirements.txt"
-        req.write_text("\n".join(spec.requirements) + "\n", encoding="utf-8")
-        _run([*uv, "pip", "install", *common, "-r", str(req)], spec)
-    if spec.no_deps:
-        nd = work / "no-deps.txt"
-        nd.write_text("\n".join(spec.no_deps) + "\n", encoding="utf-8")
-        _run([*uv, "pip", "install", *common, "--no-deps", "-r", str(nd)], spec)
-    other = spec.wheels_for_python
-    if other is not None:
-        # uv picks the wheels of that Python's tags and installs them into this interpreter's site-packages.
-        op = work / "wheels-for-python.txt"
-        op.write_text("\n".join(other.no_deps) + "\n", encoding="utf-8")
-        _run([*uv, "pip", "install", *common, "--python-version", other.python, "--no-deps", "-r", str(op)], spec)
-    _run([*uv, "pip", "install", *common, "-e", f"{project_root()}[test]"], spec)
-    write_marker(path, spec, python, t0)
+    steps = pinsets.install_steps(spec, work)
+    pinsets.write_files(steps, work)
+    target = ["--python", str(path / "bin" / "python")]
+    for step in steps:
+        _run([*uv, "pip", "install", *target, *step.args], spec)
+    held, constraints = pinsets.on_top(spec, work)
+    self_args = ws.self_install
+    if self_args is None:
+        from maxtext_compat import selfwheel
+
+        self_args = selfwheel.self_install_args(ws.state / "self")
+    _run([*uv, "pip", "install", *target, *held, *self_args], spec)
+    if ws.project_install is not None:
+        _run([*uv, "pip", "install", *target, *held, "-c", str(constraints), *ws.project_install], spec)
+    write_marker(path, spec, python, t0, ws)
 
 
-def write_marker(path: Path, spec: EnvironmentSpec, python: str, t0: float) -> None:
+def write_marker(path: Path, spec: EnvironmentSpec, python: str, t0: float, ws: Workspace | None = None) -> None:
     """The marker that says `path` holds `spec`, complete (written atomically, as the last step)."""
     marker = {
         "name": spec.name,
-        "spec_hash": spec_hash(spec),
+        "spec_hash": spec_hash(spec, ws),
         "spec": spec.as_dict(),
         "python": python,
         "duration_s": round(time.monotonic() - t0, 1),
@@ -384,14 +363,14 @@ def _remove_inside(path: Path, root: Path) -> None:
 
 
 @contextmanager
-def env_lock(name: str, log: Callable[[str], None] = print) -> Iterator[None]:
+def env_lock(name: str, log: Callable[[str], None] = print, ws: Workspace | None = None) -> Iterator[None]:
     """Hold the per-environment build lock (an flock on `.NAME.lock` beside the environment).
 
     The lock file is never deleted (deleting lock files races); the kernel releases the lock when
     the holder exits, however it exits."""
     import fcntl
 
-    root = envs_dir()
+    root = envs_dir(ws)
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / f".{check_env_name(name)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -430,7 +409,9 @@ def build_all(
     matrix: CompatMatrix | None = None,
     force: bool = False,
     log: Callable[[str], None] = print,
+    ws: Workspace | None = None,
 ) -> list[EnvStatus]:
-    m = matrix if matrix is not None else load_matrix()
+    ws = _ws(ws)
+    m = matrix if matrix is not None else ws.matrix
     specs = [m.environment(n) for n in names] if names else list(m.environments.values())
-    return [build(s, force=force, log=log) for s in specs]
+    return [build(s, force=force, log=log, ws=ws) for s in specs]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_compat.matrix import load_matrix
+from helpers.shipped import ci_matrix
 from maxtext_compat.testing import tiny
 
 pytestmark = pytest.mark.needs_maxtext
@@ -31,7 +31,7 @@ EXAMPLE_TAG = "<!-- example: tests/compat/test_plugin_fixtures_real.py runs this
 def test_maxtext_row_is_the_installed_release(maxtext_row):
     assert maxtext_row == tiny.installed_row()
     if ENV:
-        assert maxtext_row.name == load_matrix().environment(ENV).maxtext
+        assert maxtext_row.name == ci_matrix().environment(ENV).maxtext
 
 
 @pytest.mark.parametrize("tiny_maxtext_config", ["qwen3"], indirect=True)

@@ -3,9 +3,9 @@
 1. wrap: the Python block, on a legacy release (0.1.0) and a kv_scan_carry one (0.2.3, the lighter of them).
 2. serve: the commands, in maxtext-0.2.4 (a serving environment with the least load): `doctor`, then the server
    the README starts (on a free port, on loopback) and the README's request to it.
-3. matrix: the test file and the `maxtext-compat matrix` command, from the unit environment (it starts the two
-   environments the README names; their reports go to a temporary folder, not build/).
-Only the port, the host, --no-build and the report folder are changed from the README's text.
+3. matrix: run by tests/compat/test_downstream.py, in a project of its own with the wheel pip-installed (the flow
+   the recipe describes).
+Only the port and the host are changed from the README's text.
 """
 
 from __future__ import annotations
@@ -91,21 +91,3 @@ def test_recipe_2_serves_with_the_shim_and_answers_the_request(tmp_path):
     assert result["model"] == asked["model"] == "tiny"
     assert result["usage"]["completion_tokens"] == asked["max_tokens"] == 8
     assert result["choices"][0]["finish_reason"] == "length"
-
-
-@pytest.mark.slow
-@pytest.mark.envs("unit")
-def test_recipe_3_runs_the_matrix_over_your_own_test_file(tmp_path):
-    test_file, command = _blocks("matrix")
-    assert test_file.startswith("# test_mine.py\n")
-    (tmp_path / "test_mine.py").write_text(test_file, encoding="utf-8")
-    (line, expected) = command.strip().splitlines()
-    argv = shlex.split(line.replace("$PWD", str(tmp_path)))
-    at = argv.index("--pytest-args")  # what the test adds goes before it (the rest is pytest's)
-    argv[at:at] = ["--no-build", "--report-dir", str(tmp_path / "build")]
-    env = {k: v for k, v in os.environ.items() if k not in ("MAXTEXT_COMPAT_ENV", "VIRTUAL_ENV")}
-    proc = subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=1200)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert expected.lstrip("# .") in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
-    assert (tmp_path / "build" / "compat-report.html").is_file()

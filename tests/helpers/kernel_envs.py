@@ -1,16 +1,16 @@
 """The environments that run tpu-inference's real RPA kernel through the dispatcher: one per tpu-inference
 release and jax installed (0.32.0 on jax 0.11.2 in maxtext-0.2.3, which shares maxtext-0.2.5's pins but not its
-load, 0.19.0 in maxtext-0.2.1, and every kernel-only environment of the matrix, read from it so a new one cannot
-be left out)."""
+load, 0.19.0 in maxtext-0.2.1, and every kernel-only environment of tests/environments.yaml, read from it so a new
+one cannot be left out)."""
 
-from helpers.shipped import shipped_matrix
+from helpers.shipped import ci_matrix
 
 _KERNEL_TESTS = "tests/compat/test_paged_rpa.py"
 
 REAL_KERNEL_ENVS: tuple[str, ...] = (
     "maxtext-0.2.3",
     "maxtext-0.2.1",
-    *(name for name, spec in shipped_matrix().environments.items() if _KERNEL_TESTS in spec.tests),
+    *(name for name, spec in ci_matrix().environments.items() if _KERNEL_TESTS in spec.tests),
 )
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.shipped import ci_matrix
+
 pytestmark = pytest.mark.envs("unit")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +56,11 @@ def test_a_page_left_out_of_the_nav_is_built_under_more(tmp_path):
     nav = index[index.index('class="md-nav') :]
     assert 'href="brand-new.html" class="md-nav__link"' in nav and "A brand-new page" in nav
     assert re.search(r">\s*More\s*<", nav), "the page is filed under More"
+    if not (REPO / "build" / "compat-report.json").is_file():  # no run yet: the page plans the CI's environments
+        report = (tmp_path / "site" / "compat-report.html").read_text()
+        for name, spec in ci_matrix().environments.items():
+            if spec.maxtext or spec.pinned("tpu-inference"):  # the ones the grid places (unit has no cell)
+                assert f'data-env="{name}"' in report, name
 
 
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path):

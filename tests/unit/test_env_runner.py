@@ -15,10 +15,11 @@ from unittest import mock
 import pytest
 from packaging.version import Version
 
-from helpers.shipped import REPO, shipped_matrix
+from helpers.shipped import CI_LAYOUT, MATRIX_FILE, REPO, ci_matrix, shipped_matrix
 from maxtext_compat import env_runner, envs
 from maxtext_compat.errors import InvalidArgumentError
-from maxtext_compat.matrix import EnvironmentSpec, load_matrix
+from maxtext_compat.matrix import EnvironmentSpec, load_matrix, with_environments
+from maxtext_compat.report import results as report_results
 
 pytestmark = [
     pytest.mark.envs("unit"),  # builds throwaway environments: once per matrix run is enough
@@ -53,10 +54,11 @@ def test_an_environment_that_fails_to_build_fails_the_run(matrix, tmp_path):
     results = env_runner.run_matrix(["broken"], matrix=matrix, report_dir=tmp_path / "build", log=lambda _: None)
     (r,) = results
     assert r.status == "build-failed" and not r.ok and "six" in r.detail
-    assert env_runner.main_exit_code(results) == 1
-    assert env_runner.closing_line(results) == "compat-matrix: 0 passed, 1 failed, 0 skipped"
+    assert report_results.main_exit_code(results) == 1
+    assert report_results.closing_line(results) == "compat-matrix: 0 passed, 1 failed, 0 skipped"
     data = json.loads((tmp_path / "build" / "compat-report.json").read_text())
     assert data["envs"][0]["status"] == "build-failed"
+    assert data["run"]["claims"] is True and data["run"]["matrix"]  # run from this checkout: its claims hold
     assert "build-failed" in (tmp_path / "build" / "compat-report.md").read_text()
 
 
@@ -76,7 +78,7 @@ def test_counts_come_from_the_real_run_and_skips_are_not_passes(matrix, tmp_path
     (r,) = results
     assert (r.passed, r.failed, r.skipped) == (1, 1, 1)
     assert r.status == "failed"
-    assert env_runner.closing_line(results) == "compat-matrix: 1 passed, 1 failed, 1 skipped"
+    assert report_results.closing_line(results) == "compat-matrix: 1 passed, 1 failed, 1 skipped"
     env = json.loads((tmp_path / "build" / "compat-report.json").read_text())["envs"][0]
     assert {"name", "versions", "passed", "failed", "skipped", "duration_s"} <= set(env)
     assert env["name"] == "tiny" and env["duration_s"] > 0
@@ -180,21 +182,26 @@ def test_an_environment_that_runs_no_test_fails(matrix, tmp_path):
 
 
 def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
-    real = shipped_matrix()
-    assert env_runner.mocked_rows(real) == []  # every MaxText release has a real environment
+    real = ci_matrix()
+    assert report_results.mocked_rows(real) == []  # every MaxText release has a real environment
     # Without the 0.2.x environments but 0.2.5's, releases 0.2.0-0.2.4 would be covered by mocks only.
     envs = {
         k: v for k, v in real.environments.items() if not (v.maxtext or "").startswith("0.2.") or k == "maxtext-0.2.5"
     }
     fewer = dataclasses.replace(real, environments=envs)
-    mocked = env_runner.mocked_rows(fewer)
+    mocked = report_results.mocked_rows(fewer)
     assert mocked == ["0.2.0", "0.2.1", "0.2.2", "0.2.3", "0.2.4"]
-    env_runner.write_reports([], fewer, tmp_path)
+    report_results.write_reports([], fewer, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert [r["maxtext"] for r in data["mocked_rows"]] == mocked
     report = (tmp_path / "compat-report.md").read_text()
     assert "MaxText 0.2.3: pytest-mock tests" in report and "None:" not in report
-    env_runner.write_reports([], real, tmp_path)
+    # A run that makes no claims (a user's project on the pin sets) says nothing about rows it did not run.
+    report_results.write_reports([], fewer, tmp_path, claims=False)
+    data = json.loads((tmp_path / "compat-report.json").read_text())
+    assert data["run"]["claims"] is False and data["mocked_rows"] == data["mocked_tpu_inference_rows"] == []
+    assert "mocked" not in (tmp_path / "compat-report.md").read_text()
+    report_results.write_reports([], real, tmp_path)
     report = (tmp_path / "compat-report.md").read_text()
     assert report.rstrip().endswith(
         f"None: each of the {len(real.maxtext)} MaxText rows and {len(real.tpu_inference)} tpu-inference ranges is "
@@ -203,8 +210,8 @@ def test_report_lists_the_rows_covered_only_by_mocks(tmp_path):
 
 
 def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
-    real = shipped_matrix()
-    assert env_runner.mocked_tpu_inference_rows(real) == []  # every range runs its real kernel somewhere
+    real = ci_matrix()
+    assert report_results.mocked_tpu_inference_rows(real) == []  # every range runs its real kernel somewhere
     # Without the 0.11.1 environment (and with the row's reason), its range would be covered by mocks only.
     envs = {k: v for k, v in real.environments.items() if k != "tpu-inference-0.11.1"}
     rows = tuple(
@@ -212,12 +219,12 @@ def test_report_lists_the_tpu_inference_ranges_no_env_installs(tmp_path):
         for r in real.tpu_inference
     )
     fewer = dataclasses.replace(real, environments=envs, tpu_inference=rows)
-    ranges = env_runner.mocked_tpu_inference_rows(fewer)
+    ranges = report_results.mocked_tpu_inference_rows(fewer)
     assert ranges == [">=0.11.1,<0.12.0"]
-    env_runner.write_reports([], fewer, tmp_path)
+    report_results.write_reports([], fewer, tmp_path)
     data = json.loads((tmp_path / "compat-report.json").read_text())
     assert data["mocked_tpu_inference_rows"] == [
-        {"tpu_inference": ">=0.11.1,<0.12.0", "covered_by": env_runner.MOCKED_TPU_INFERENCE, "why": "no wheel here"}
+        {"tpu_inference": ">=0.11.1,<0.12.0", "covered_by": report_results.MOCKED_TPU_INFERENCE, "why": "no wheel here"}
     ]
     report = (tmp_path / "compat-report.md").read_text()
     assert "- tpu-inference >=0.11.1,<0.12.0: pytest-mock tests" in report and "no wheel here" in report
@@ -227,8 +234,8 @@ def test_the_cpu_shims_verified_tpu_inference_releases_are_those_the_kernel_test
     """verified_tpu_inference is a fact about the suite: the releases installed where the real kernel runs."""
     from helpers.kernel_envs import REAL_KERNEL_ENVS
 
-    real = shipped_matrix()
-    pinned = {env_runner.pinned_version(real.environment(name), "tpu-inference") for name in REAL_KERNEL_ENVS}
+    real = ci_matrix()
+    pinned = {report_results.pinned_version(real.environment(name), "tpu-inference") for name in REAL_KERNEL_ENVS}
     assert sorted(pinned, key=Version) == list(real.cpu_shim.verified_tpu_inference)
 
 
@@ -237,8 +244,8 @@ def test_the_cpu_shims_verified_jax_is_every_jax_the_kernel_tests_run_on_and_cov
     through the CPU shim, and each jax a tpu-inference release pins is listed (its release runs on CPU)."""
     from helpers.kernel_envs import REAL_KERNEL_ENVS
 
-    real = shipped_matrix()
-    tested = {env_runner.pinned_version(real.environment(name), "jax") for name in REAL_KERNEL_ENVS}
+    real = ci_matrix()
+    tested = {report_results.pinned_version(real.environment(name), "jax") for name in REAL_KERNEL_ENVS}
     assert None not in tested, "a kernel environment leaves its jax unpinned"
     assert sorted(tested, key=Version) == list(real.cpu_shim.verified_jax)
     release_pins = {rel.jax for row in real.tpu_inference for rel in row.releases.values()}
@@ -250,12 +257,12 @@ def test_the_kernel_tests_run_once_per_tpu_inference_and_jax():
     pins would only repeat them (they cost minutes per environment in interpret mode)."""
     from helpers.kernel_envs import REAL_KERNEL_ENVS
 
-    real = shipped_matrix()
+    real = ci_matrix()
     pins = {}
     for name in REAL_KERNEL_ENVS:
         env = real.environment(name)
         pins.setdefault(
-            (env_runner.pinned_version(env, "tpu-inference"), env_runner.pinned_version(env, "jax")), []
+            (report_results.pinned_version(env, "tpu-inference"), report_results.pinned_version(env, "jax")), []
         ).append(name)
     assert not {pair: names for pair, names in pins.items() if len(names) > 1}
 
@@ -263,8 +270,8 @@ def test_the_kernel_tests_run_once_per_tpu_inference_and_jax():
 def test_every_range_no_environment_installs_says_why_and_no_real_range_does():
     """`not_real:` is the report's one line per mocked range: missing there, or stale on a range an
     environment now installs, is a wrong fact."""
-    real = shipped_matrix()
-    mocked = set(env_runner.mocked_tpu_inference_rows(real))
+    real = ci_matrix()
+    mocked = set(report_results.mocked_tpu_inference_rows(real))
     for row in real.tpu_inference:
         assert bool(row.not_real) == (row.label in mocked), (row.label, row.not_real)
 
@@ -286,19 +293,19 @@ def test_not_real_must_be_a_nonempty_string(tmp_path):
 def test_an_environments_test_files_are_test_files_of_this_repository(tmp_path, tests):
     from maxtext_compat.errors import MatrixError
 
-    text = (REPO / "compat_matrix.yaml").read_text()
+    text = CI_LAYOUT.read_text()
     bad = text.replace("    tests: &kernel_tests [tests/compat/test_paged_rpa.py, tests/compat/test_cpu_rpa_shim.py]",
                        f"    tests: {tests}", 1)  # fmt: skip
     bad = bad.replace("    tests: *kernel_tests", "    tests: [tests/compat/test_paged_rpa.py]")
     assert bad != text
-    (tmp_path / "m.yaml").write_text(bad)
+    (tmp_path / "environments.yaml").write_text(bad)
     with pytest.raises(MatrixError, match="tests") as e:
-        load_matrix(tmp_path / "m.yaml")
-    assert "Fix:" in str(e.value)
+        with_environments(load_matrix(MATRIX_FILE), tmp_path / "environments.yaml")
+    assert "Fix:" in str(e.value) and str(tmp_path / "environments.yaml") in str(e.value)
 
 
 def test_an_environment_that_lists_test_files_runs_only_those():
-    real = shipped_matrix()
+    real = ci_matrix()
     spec = real.environment("tpu-inference-0.22.1")
     assert spec.maxtext is None
     assert spec.tests == ("tests/compat/test_paged_rpa.py", "tests/compat/test_cpu_rpa_shim.py")
@@ -319,7 +326,7 @@ def test_recorded_durations_are_read_leniently_and_cover_every_real_environment(
     bad.write_text("[1, 2")
     assert env_runner.expected_durations(bad) == {}
     recorded = env_runner.expected_durations(REPO / env_runner.DURATIONS_FILE)
-    assert set(recorded) == set(shipped_matrix().environments)
+    assert set(recorded) == set(ci_matrix().environments)
 
 
 def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch, tmp_path):
@@ -385,7 +392,7 @@ def test_a_build_failure_with_jobs_is_reported_like_without(matrix, tmp_path):
     broken, tiny = results
     assert broken.status == "build-failed" and "six" in broken.detail
     assert tiny.name == "tiny" and tiny.status != "build-failed"
-    assert env_runner.main_exit_code(results) == 1
+    assert report_results.main_exit_code(results) == 1
 
 
 def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matrix, tmp_path, monkeypatch):
@@ -440,7 +447,7 @@ def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matr
 def test_record_durations_keeps_other_environments_and_skips_failed_runs(tmp_path):
     f = tmp_path / "d.json"
     f.write_text('{"a": 10, "b": 20}')
-    ok = env_runner.EnvResult(name="b", maxtext=None, passed=1, duration_s=33.4)
-    bad = env_runner.EnvResult(name="a", maxtext=None, failed=1, duration_s=1.0, status="failed")
+    ok = report_results.EnvResult(name="b", maxtext=None, passed=1, duration_s=33.4)
+    bad = report_results.EnvResult(name="a", maxtext=None, failed=1, duration_s=1.0, status="failed")
     env_runner.record_durations([ok, bad], f)
     assert json.loads(f.read_text()) == {"a": 10, "b": 33}

@@ -1,5 +1,6 @@
 """Environments are built by uv from the YAML (rebuild is a no-op, a changed spec rebuilds),
-and the wheel carries compat_matrix.yaml so an installed package finds it without the repo."""
+and the wheel carries compat_matrix.yaml (rows and pin sets, not this repository's CI layout) so an installed
+package finds it without the repo."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import subprocess
 import zipfile
 
 import pytest
+import yaml
 from env_specs import tiny_spec
 
-from helpers.shipped import REPO, lowest_claimed_python, shipped_matrix
+from helpers.shipped import REPO, ci_matrix, lowest_claimed_python
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError
 from maxtext_compat.matrix.environments import WheelsForPython
@@ -95,7 +97,12 @@ def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
     (wheel,) = dist.glob("maxtext_compat-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
+        shipped = yaml.safe_load(z.read("maxtext_compat/compat_matrix.yaml"))
     assert "maxtext_compat/compat_matrix.yaml" in names
+    # The pin sets ship; the CI layout (tests/environments.yaml, its 22 environments) does not, in any form.
+    assert "pin_sets" in shipped and "environments" not in shipped
+    assert set(shipped["pin_sets"]) == set(ci_matrix().pin_sets)
+    assert not [n for n in names if n.endswith("environments.yaml") or n.startswith("tests/")], names
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "--quiet", "--python", py, str(venv)], check=True)
     subprocess.run([uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel)], check=True)
@@ -103,11 +110,15 @@ def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
     out = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
          "import maxtext_compat as m; x = m.load_matrix(); print(x.source); "
-         "print(m.resolve({'maxtext': '0.2.5'}).convention)"],
+         "print(m.resolve({'maxtext': '0.2.5'}).convention); "
+         "from maxtext_compat import workspace; "
+         "print(len(x.environments), x.pin_set('0.2.5').name, workspace.checkout_root())"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert "site-packages" in out[0] and out[0].endswith("maxtext_compat/compat_matrix.yaml")
     assert out[1] == "kv_scan_carry"
+    # Installed, it has the pin sets and no environments, and knows it is not this checkout.
+    assert out[2:] == ["0", "maxtext-0.2.5", "None"]
     version = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert version == lowest_claimed_python()
@@ -123,8 +134,10 @@ def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
 
 
 def test_find_python_script_finds_each_version_the_matrix_asks_for():
-    """tools/find-python.sh VERSION (the Makefile's) and envs.find_python agree on every environment's Python."""
-    wanted = sorted({e.python for e in shipped_matrix().environments.values()} | {lowest_claimed_python()})
+    """tools/find-python.sh VERSION (the Makefile's) and envs.find_python agree on every environment's Python (the
+    CI's environments and the shipped pin sets)."""
+    m = ci_matrix()
+    wanted = sorted({e.python for e in (*m.environments.values(), *m.pin_sets.values())} | {lowest_claimed_python()})
     assert len(wanted) >= 2, wanted  # the matrix runs the lowest claimed Python and 3.12 (MaxText >= 0.2)
     for version in wanted:
         exe = subprocess.run([str(REPO / "tools" / "find-python.sh"), version], capture_output=True, text=True,

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from env_specs import tiny_spec
 
-from helpers.shipped import REPO
+from helpers.shipped import REPO, combined_doc
 from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import EnvironmentSpec, parse_matrix
@@ -51,12 +51,12 @@ def envs_dir(tmp_path, monkeypatch):
     return d
 
 
-def _fake_populate(spec, path, uv, python, t0):
+def _fake_populate(spec, path, uv, python, t0, ws):
     """A minimal venv (pyvenv.cfg, bin/python) and the marker, without uv."""
     (path / "bin").mkdir(parents=True)
     (path / "bin" / "python").symlink_to(sys.executable)
     (path / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    envs.write_marker(path, spec, python, t0)
+    envs.write_marker(path, spec, python, t0, ws)
 
 
 @pytest.fixture
@@ -75,23 +75,32 @@ def _leftovers(root: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _doc_with_env(name: str) -> str:
-    doc = yaml.safe_load((REPO / "compat_matrix.yaml").read_text())
-    doc["environments"][name] = copy.deepcopy(doc["environments"]["unit"])
+# An entry to copy under a new name: the CI's unit environment, or a pin set (a user's project builds each pin set
+# as an environment of that name, so its names obey the same rule).
+_MODEL = {"environments": "unit", "pin_sets": "maxtext-0.1.0"}
+
+
+def _doc_with_env(name: str, section: str = "environments") -> str:
+    doc = combined_doc()
+    doc[section][name] = copy.deepcopy(doc[section][_MODEL[section]])
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+@pytest.mark.parametrize("section", sorted(_MODEL))
 @pytest.mark.parametrize("name", [n for n in BAD_NAMES if n != "a\0b"], ids=repr)
-def test_the_matrix_refuses_an_environment_name_that_is_not_one_plain_directory(name):
+def test_the_matrix_refuses_an_environment_name_that_is_not_one_plain_directory(name, section):
     with pytest.raises(MatrixError) as e:
-        parse_matrix(_doc_with_env(name), "user.yaml")
+        parse_matrix(_doc_with_env(name, section), "user.yaml")
     assert "not a valid environment name" in str(e.value) and repr(name) in str(e.value)
+    assert e.value.key.startswith(f"{section}.")
 
 
-def test_the_matrix_refuses_two_names_that_differ_only_in_case():
-    doc = yaml.safe_load(_doc_with_env("UNIT"))
-    with pytest.raises(MatrixError, match="only in letter case"):
+@pytest.mark.parametrize("section", sorted(_MODEL))
+def test_the_matrix_refuses_two_names_that_differ_only_in_case(section):
+    doc = yaml.safe_load(_doc_with_env(_MODEL[section].upper(), section))
+    with pytest.raises(MatrixError, match="only in letter case") as e:
         parse_matrix(yaml.safe_dump(doc, sort_keys=False), "user.yaml")
+    assert e.value.key == f"{section}.{_MODEL[section].upper()}"
 
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
@@ -200,7 +209,7 @@ def test_interrupt_during_a_forced_rebuild_keeps_the_old_environment_whole(envs_
     envs.build(_spec(), log=lambda _: None)
     before = (envs_dir / "tiny" / envs.MARKER).read_text()
 
-    def interrupted(spec, path, uv, python, t0):
+    def interrupted(spec, path, uv, python, t0, ws):
         (path / "bin").mkdir(parents=True)  # half way through
         raise KeyboardInterrupt
 

@@ -66,13 +66,17 @@ def _small(row: int, tpi: int) -> dict[str, Any]:
     t.pop("notes", None)
     doc["cpu_shim"] = {k: v[:1] for k, v in doc["cpu_shim"].items()}
     release = mt["release"]
-    env = {"description": "d", "python": "3.12", "maxtext": release, "requirements": [f"maxtext=={release}"]}
+    pin_set = {"description": "d", "python": "3.12", "maxtext": release, "requirements": [f"maxtext=={release}"]}
+    # Both kinds of environment of tests/environments.yaml: one starting from the pin set, one with its own pins.
+    from_set = {"pins": f"maxtext-{release}", "serving": True, "extra_requirements": ["six==1.17.0"]}
+    own = {"description": "k", "python": "3.12", "maxtext": None, "requirements": ["idna==3.10"]}
     return {
         "schema_version": 1,
         "maxtext": [mt],
         "tpu_inference": [t],
         "cpu_shim": doc["cpu_shim"],
-        "environments": {f"maxtext-{release}": env},
+        "pin_sets": {f"maxtext-{release}": pin_set},
+        "environments": {f"maxtext-{release}": from_set, "kernel-only": own},
     }
 
 
@@ -99,8 +103,8 @@ SCALARS = [
 TOKENS = [
     "\n", "\n  ", "\n    ", "  ", "- ", ": ", ":", "? ", "<<: ", ", ", "[", "]", "{", "}", "'", '"', "#", "&a ", "*a",
     "---\n", "...\n", "%YAML 1.1\n", "%TAG ! tag:example.com,2024:\n", "\t", "schema_version", "maxtext",
-    "tpu_inference", "cpu_shim", "environments", "release", "convention", "params", "attention", "kv_cache",
-    "classes", "versions", "rpa", *TAGS, *SCALARS,
+    "tpu_inference", "cpu_shim", "environments", "pin_sets", "pins", "release", "convention", "params", "attention",
+    "kv_cache", "classes", "versions", "rpa", *TAGS, *SCALARS,
 ]  # fmt: skip
 
 
@@ -240,8 +244,16 @@ def check_invariants(m: CompatMatrix) -> None:
             assert ref is None or ref.module.split(".")[0] == row.import_root
     names = [r.name for r in m.maxtext]
     assert len(names) == len(set(names))
-    for env in m.environments.values():
+    for env in (*m.pin_sets.values(), *m.environments.values()):
         assert env.maxtext is None or env.maxtext in names
+    for pin_set in m.pin_sets.values():  # an install, never a test plan
+        assert not pin_set.serving and not pin_set.tests and pin_set.pins is None and not pin_set.extra_no_deps
+    for env in m.environments.values():
+        if env.pins is not None:  # starts from exactly that set
+            base = m.pin_sets[env.pins]
+            assert env.requirements == base.requirements + env.extra_requirements
+            assert env.no_deps == base.no_deps + env.extra_no_deps
+            assert (env.python, env.maxtext, env.overrides) == (base.python, base.maxtext, base.overrides)
 
 
 def _text(value: Any) -> str:
@@ -271,11 +283,22 @@ def check_round_trip(m: CompatMatrix, doc: dict[str, Any]) -> None:
     for tpi, d in zip(m.tpu_inference, doc["tpu_inference"], strict=True):
         assert tpi.rpa.call_form == d["rpa"]["call_form"] and tpi.model_return_arity == d["model_return_arity"]
         assert set(tpi.releases) == set(d["releases"]) and tpi.block_sizes == tuple(d["block_sizes"])
-    assert set(m.environments) == set(doc["environments"])
+    # `environments:` may be left out (the shipped file has none); `pin_sets:` may not
+    assert set(m.pin_sets) == set(doc["pin_sets"]) and set(m.environments) == set(doc.get("environments") or {})
+    for name, pin_set in m.pin_sets.items():
+        d = doc["pin_sets"][name]
+        assert pin_set.requirements == tuple(_text(r).strip() for r in d.get("requirements") or ())
+        assert pin_set.python == _text(d["python"])
     for name, env in m.environments.items():
         d = doc["environments"][name]
         assert env.serving is (d.get("serving") or False)  # null is "unset": the documented default
-        assert env.requirements == tuple(_text(r).strip() for r in d.get("requirements") or ())
+        extra = tuple(_text(r).strip() for r in d.get("extra_requirements") or ())
+        if d.get("pins") is None:
+            assert env.pins is None
+            assert env.requirements == tuple(_text(r).strip() for r in d.get("requirements") or ()) + extra
+        else:
+            assert env.pins == _text(d["pins"])
+            assert env.requirements == m.pin_sets[env.pins].requirements + extra
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,7 +367,7 @@ def test_the_base_documents_are_valid_and_round_trip():
 
 FLOAT_VERSIONS = {
     # id: (edits to the base text, where the parsed value is, the version the text says)
-    "python-3.10": ([("python: '3.12'", "python: 3.10")], lambda m: next(iter(m.environments.values())).python, "3.10"),
+    "python-3.10": ([("python: '3.12'", "python: 3.10")], lambda m: next(iter(m.pin_sets.values())).python, "3.10"),
     "release-0.20": ([("release: 0.2.5", "release: 0.20"), ("maxtext: 0.2.5", "maxtext: 0.20")],
                      lambda m: m.maxtext[-1].name, "0.20"),
 }  # fmt: skip

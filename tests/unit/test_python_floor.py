@@ -11,18 +11,18 @@ import os
 import sys
 import tomllib
 
-from helpers.shipped import REPO, lowest_claimed_python, shipped_matrix
+from helpers.shipped import REPO, ci_matrix, lowest_claimed_python
 
 SOURCES = ("src", "tests", "tools", "benchmarks")
 
 
 def test_the_claimed_python_is_the_lowest_a_matrix_environment_runs():
-    versions = {name: e.python for name, e in shipped_matrix().environments.items()}
+    versions = {name: e.python for name, e in ci_matrix().environments.items()}
     floor = lowest_claimed_python()
     assert min(versions.values(), key=lambda v: tuple(map(int, v.split(".")))) == floor, versions
     assert versions["unit"] == floor  # the whole unit suite, the CLI and the wheel's install run on it
     # One real-kernel environment on it too (tpu-inference's RPA kernel through the dispatcher, with vllm-tpu).
-    kernel = [n for n, e in shipped_matrix().environments.items() if e.python == floor and e.tests]
+    kernel = [n for n, e in ci_matrix().environments.items() if e.python == floor and e.tests]
     assert kernel, f"no kernel environment on Python {floor}"
 
 

@@ -1,6 +1,7 @@
 """The README is a newcomer's path: short, every link alive, every figure and version held to its source.
 
-Its versions table is generated from compat_matrix.yaml (tools/docs_pages.py); its recipes are run by
+Its versions table is generated from compat_matrix.yaml and the CI's environments, tests/environments.yaml
+(tools/docs_pages.py); its recipes are run by
 tests/compat/test_readme_recipes.py; the detail lives in docs/, built into the site by `make docs`.
 """
 
@@ -12,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_compat.matrix import load_matrix
+from helpers.shipped import ci_matrix
 
 pytestmark = pytest.mark.envs("unit")
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
-MATRIX = load_matrix()
+MATRIX = ci_matrix()  # the environments `make test` builds (tests/environments.yaml)
 
 
 def _tool(name: str):
@@ -83,7 +84,11 @@ def test_every_figure_and_version_in_the_prose_is_one_the_sources_hold():
 def test_the_recipes_are_in_the_site_and_tagged_for_their_test():
     pages = _tool("docs_pages")
     page = pages.recipes_page(README)
-    for tag in ("recipe: wrap", "recipe: serve", "recipe: matrix"):
-        assert README.count(f"<!-- {tag} (tests/compat/test_readme_recipes.py runs") == 1
+    runners = {"wrap": "test_readme_recipes.py", "serve": "test_readme_recipes.py", "matrix": "test_downstream.py"}
+    for recipe, runner in runners.items():
+        tag = f"recipe: {recipe}"
+        assert README.count(f"<!-- {tag} (tests/compat/{runner} runs") == 1
+        runs = (REPO / "tests" / "compat" / runner).read_text(encoding="utf-8")
+        assert f'_blocks("{recipe}")' in runs or f"recipe: {recipe} (tests/compat/{runner}" in runs, runner
         assert tag in page
     assert "](docs/" not in page, "links are made relative to docs/ in the site"

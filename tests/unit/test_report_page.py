@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.shipped import ci_matrix
 from maxtext_compat.errors import CompatError
-from maxtext_compat.matrix import load_matrix
 from maxtext_compat.report import browser, evidence, grid
 from maxtext_compat.resolver import resolve
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.envs("unit")
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_CLI = REPO / ".envs" / "dev" / "bin" / "maxtext-compat"
-MATRIX = load_matrix()
+MATRIX = ci_matrix()  # the environments `make test` runs (tests/environments.yaml)
 DURATIONS = json.loads((REPO / "tests" / "env_durations.json").read_text())
 MEMORY = json.loads((REPO / "tests" / "env_memory.json").read_text())
 FAILED_ENV = "maxtext-0.2.2"  # the results below fail this one: a failure must show, whatever else passed

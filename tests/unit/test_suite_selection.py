@@ -17,6 +17,7 @@ pytest_plugins = ["pytester"]
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     tests = pytester.mkdir("tests")
     shutil.copy(REPO / "tests" / "conftest.py", tests / "conftest.py")
+    shutil.copy(REPO / "tests" / "environments.yaml", tests / "environments.yaml")  # the names markers may use
     shutil.copy(REPO / "compat_matrix.yaml", pytester.path / "compat_matrix.yaml")
     return pytester
 
@@ -31,7 +32,7 @@ def test_a_typo_in_a_marker_naming_environments_is_a_usage_error(suite, monkeypa
     _write(suite, f"@pytest.mark.{marker}('maxtext-0.2.55')\ndef test_a(): pass\n")
     res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
-    res.stderr.fnmatch_lines([f"*mark.{marker} names*maxtext-0.2.55*expected names from compat_matrix.yaml*"])
+    res.stderr.fnmatch_lines([f"*mark.{marker} names*maxtext-0.2.55*expected names from tests/environments.yaml*"])
 
 
 def test_an_envs_marker_without_names_is_a_usage_error(suite, monkeypatch):

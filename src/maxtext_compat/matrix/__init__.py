@@ -15,8 +15,10 @@ from maxtext_compat.matrix.load import (
     MAX_MATRIX_BYTES,
     default_matrix_path,
     load_matrix,
+    with_environments,
 )
 from maxtext_compat.matrix.parse import (
+    parse_environments,
     parse_matrix,
 )
 from maxtext_compat.matrix.types import (
@@ -96,6 +98,8 @@ __all__ = [
     "default_matrix_path",
     "load_matrix",
     "parse_environment",
+    "parse_environments",
     "parse_matrix",
     "valid_env_name",
+    "with_environments",
 ]

@@ -1,4 +1,10 @@
-"""The `environments:` section: the dev/test installs the compat test matrix builds."""
+"""Pin sets and environments: the installs the compat test matrix builds.
+
+A pin set (compat_matrix.yaml's `pin_sets:`, shipped in the wheel) is the tested install of one MaxText release:
+`maxtext-compat pins` prints it and `maxtext-compat matrix` builds it in any project. An environment
+(tests/environments.yaml, this repository's CI only) is a pin set plus what our own tests need (`pins:`), or a
+list of pins of its own (the kernel-only and unit environments). Both are EnvironmentSpecs.
+"""
 
 from __future__ import annotations
 
@@ -79,6 +85,9 @@ class EnvironmentSpec:
     like: Annotated[str | None, Yaml(later=True)] = None
     # Added to the pins (its own or those `like:` copied).
     extra_requirements: Annotated[Pins, Yaml(later=True)] = ()
+    # The pin set this environment starts from, as is (tests/environments.yaml only), and no-deps pins added to it.
+    pins: Annotated[str | None, Yaml(later=True)] = None
+    extra_no_deps: Annotated[Pins, Yaml(later=True)] = ()
 
     def pinned(self, package: str) -> str | None:
         """The exact version of `package` this environment installs (`name==X`; an override wins over its pins)."""
@@ -115,8 +124,19 @@ class EnvironmentSpec:
         }
 
 
-def parse_environment(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]) -> EnvironmentSpec:
-    """One entry of `environments:`; `earlier` are those above it (the ones `like:` may name)."""
+# What only an environment of this repository's CI may say: a pin set is an install, not a test plan.
+CI_ONLY_KEYS = frozenset({"pins", "extra_no_deps", "serving", "tests"})
+# What an environment that says `pins:` takes from its set and may not say again (so the CI installs what users get).
+PIN_SET_KEYS = (
+    "like", "maxtext", "python", "requirements", "no_deps", "overrides", "exclude_newer", "wheels_for_python", "env",
+)  # fmt: skip
+
+
+def parse_environment(
+    name: str, n: Node, earlier: Mapping[str, EnvironmentSpec], pin_sets: Mapping[str, EnvironmentSpec] | None = None
+) -> EnvironmentSpec:
+    """One entry of `environments:` (with `pin_sets`, those it may start from) or, without them, of `pin_sets:`;
+    `earlier` are the entries above it (the ones `like:` may name)."""
     if not valid_env_name(name):
         raise MatrixError(
             "is not a valid environment name (it is the name of a directory that `envs build` replaces)",
@@ -127,14 +147,71 @@ def parse_environment(name: str, n: Node, earlier: Mapping[str, EnvironmentSpec]
             fix="rename the environment, e.g. `maxtext-0.2.5`",
         )
     check_keys(EnvironmentSpec, n)
-    mt = n.optional("maxtext")
-    maxtext = None if mt is None else reader_for(MaxTextRelease)(mt)
-    base = _like(n, earlier, maxtext)
-    inherited = {} if base is None else _inherited(base, maxtext)
-    extra_node = n.optional("extra_requirements")
+    if pin_sets is None:
+        for key in sorted(CI_ONLY_KEYS & set(n.mapping())):
+            raise n.child(key).error(
+                "belongs to an environment of this repository's CI, not to a pin set",
+                expected=f"a pin set's keys (none of {sorted(CI_ONLY_KEYS)})",
+                fix="move the test plan to tests/environments.yaml; a pin set says only what is installed",
+            )
+    pin_set = _pin_set(n, pin_sets)
+    if pin_set is not None:
+        inherited = _whole(pin_set)
+        maxtext = pin_set.maxtext
+        base = None
+    else:
+        mt = n.optional("maxtext")
+        maxtext = None if mt is None else reader_for(MaxTextRelease)(mt)
+        base = _like(n, earlier, maxtext)
+        inherited = {} if base is None else _inherited(base, maxtext)
+    extra_node, extra_nd_node = n.optional("extra_requirements"), n.optional("extra_no_deps")
     extra: tuple[str, ...] = () if extra_node is None else reader_for(Pins)(extra_node)
-    spec = read_struct(EnvironmentSpec, n, defaults=inherited, name=name, like=None if base is None else base.name)
-    return dataclasses.replace(spec, requirements=spec.requirements + extra, extra_requirements=extra)
+    extra_nd: tuple[str, ...] = () if extra_nd_node is None else reader_for(Pins)(extra_nd_node)
+    spec = read_struct(
+        EnvironmentSpec, n, defaults=inherited, name=name, like=None if base is None else base.name,
+        pins=None if pin_set is None else pin_set.name,
+    )  # fmt: skip
+    return dataclasses.replace(
+        spec, requirements=spec.requirements + extra, extra_requirements=extra, no_deps=spec.no_deps + extra_nd,
+        extra_no_deps=extra_nd,
+    )  # fmt: skip
+
+
+def _pin_set(n: Node, pin_sets: Mapping[str, EnvironmentSpec] | None) -> EnvironmentSpec | None:
+    """The pin set `pins:` names (an environment that names one takes it whole: no `like:`, no `maxtext:`)."""
+    node = n.optional("pins")
+    if node is None or pin_sets is None:
+        return None
+    for other in PIN_SET_KEYS:
+        if n.has(other):  # `maxtext: null` too: it would say "no MaxText" of a set that installs one
+            raise n.child(other).error(
+                "cannot be combined with `pins:` (the pin set says what is installed, and how)",
+                fix=f"drop `{other}:` and keep `pins:` (add packages with extra_requirements / extra_no_deps), or "
+                "list the pins here instead of `pins:`",
+            )
+    name = node.string()
+    if name not in pin_sets:
+        raise node.error(
+            f"names no pin set of the matrix: {name!r}",
+            expected=f"one of {sorted(pin_sets)}",
+            fix="name a key of `pin_sets:` in compat_matrix.yaml",
+        )
+    return pin_sets[name]
+
+
+def _whole(pin_set: EnvironmentSpec) -> dict[str, Any]:
+    """Every install field of a pin set (an environment with `pins:` starts from exactly what users install)."""
+    return {
+        "description": pin_set.description,
+        "python": pin_set.python,
+        "maxtext": pin_set.maxtext,
+        "requirements": pin_set.requirements,
+        "no_deps": pin_set.no_deps,
+        "wheels_for_python": pin_set.wheels_for_python,
+        "overrides": pin_set.overrides,
+        "exclude_newer": pin_set.exclude_newer,
+        "env": dict(pin_set.env),
+    }
 
 
 def valid_env_name(name: object) -> bool:
@@ -171,7 +248,8 @@ def _like(n: Node, earlier: Mapping[str, EnvironmentSpec], maxtext: str | None) 
         raise node.error(
             f"names an environment that is not defined above it: {other!r}",
             expected=f"one of {sorted(earlier)}",
-            fix="define the environment it copies first (earlier in `environments:`), or fix the name",
+            fix="define the entry it copies first (earlier in the same section: `pin_sets:` or `environments:`), or "
+            "fix the name",
         )
     base = earlier[other]
     if maxtext is None or base.maxtext is None:

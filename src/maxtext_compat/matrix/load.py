@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from maxtext_compat.errors import MatrixError
-from maxtext_compat.matrix.parse import parse_matrix
+from maxtext_compat.matrix.parse import parse_environments, parse_matrix
 from maxtext_compat.matrix.types import CompatMatrix
 from maxtext_compat.matrix.values import MATRIX_ENV_VAR
 
@@ -82,8 +82,23 @@ def _check_size(path: str, size: int) -> None:
         )
 
 
+def with_environments(matrix: CompatMatrix, path: str | os.PathLike[str]) -> CompatMatrix:
+    """`matrix` with the environments of a layout file (this repository's tests/environments.yaml)."""
+    p = str(path)
+    try:
+        st = Path(p).stat()
+    except (OSError, ValueError):
+        raise MatrixError("environments file not found", path=p, fix="pass tests/environments.yaml's path") from None
+    _check_regular(p, st)
+    return parse_environments(_read_text(p), p, matrix)
+
+
 @functools.lru_cache(maxsize=16)
 def _load_cached(path: str, _mtime: int, _size: int) -> CompatMatrix:
+    return parse_matrix(_read_text(path), path)
+
+
+def _read_text(path: str) -> str:
     try:
         # O_NONBLOCK: if the path became a FIFO since stat(), open() must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -94,4 +109,4 @@ def _load_cached(path: str, _mtime: int, _size: int) -> CompatMatrix:
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MatrixError(f"cannot read the file: {exc}", path=path, fix="check the file") from None
-    return parse_matrix(text, path)
+    return text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from packaging.version import Version
 
@@ -16,16 +17,31 @@ def parse_matrix(text: str, path: str = "<string>") -> CompatMatrix:
     """Parse matrix YAML text; raises MatrixError naming the key on any problem."""
     doc = Node(safe_load_text(text, path), "", path)
     matrix = read_struct(CompatMatrix, doc, source=path)
-    return dataclasses.replace(matrix, environments=_read_environments(doc.child("environments"), matrix))
+    matrix = dataclasses.replace(matrix, pin_sets=_read_environments(doc.child("pin_sets"), matrix, None))
+    if not doc.has("environments"):
+        return matrix
+    return parse_environments(text, path, matrix)
 
 
-def _read_environments(envs_node: Node, matrix: CompatMatrix) -> dict[str, EnvironmentSpec]:
-    """Each environment, its `maxtext:` one of the rows' releases (written as the row writes it)."""
+def parse_environments(text: str, path: str, matrix: CompatMatrix) -> CompatMatrix:
+    """`matrix` with the `environments:` of the YAML `text` (our CI layout, starting from the pin sets)."""
+    doc = Node(safe_load_text(text, path), "", path)
+    if path != matrix.source:  # a file of its own (tests/environments.yaml) holds environments and nothing else
+        doc.only_keys({"environments"})
+    envs = _read_environments(doc.child("environments"), matrix, matrix.pin_sets)
+    return dataclasses.replace(matrix, environments=envs)
+
+
+def _read_environments(
+    envs_node: Node, matrix: CompatMatrix, pin_sets: Mapping[str, EnvironmentSpec] | None
+) -> dict[str, EnvironmentSpec]:
+    """Each entry, its `maxtext:` one of the rows' releases (written as the row writes it); `pin_sets` are the sets
+    an environment may start from (None: these are the pin sets)."""
     envs: dict[str, EnvironmentSpec] = {}
     releases = {r.release: r.name for r in matrix.maxtext}
     folded: dict[str, str] = {}
     for name, n in envs_node.items():
-        spec = parse_environment(name, n, envs)
+        spec = parse_environment(name, n, envs, pin_sets)
         mt_version = None if spec.maxtext is None else Version(spec.maxtext)
         if mt_version in releases and spec.maxtext != releases[mt_version]:  # 0.2.5.0 is row 0.2.5
             spec = dataclasses.replace(spec, maxtext=releases[mt_version])

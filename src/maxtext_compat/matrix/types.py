@@ -374,14 +374,17 @@ def read_tpu_inference_rows(n: Node) -> tuple[TpuInferenceRow, ...]:
 
 @dataclass(frozen=True)
 class CompatMatrix:
-    """The whole file: MaxText rows, tpu-inference ranges, the CPU shim's verified versions, environments."""
+    """The whole file: MaxText rows, tpu-inference ranges, the CPU shim's verified versions, pin sets."""
 
     schema_version: Annotated[int, Yaml(read=read_schema_version)]
     source: Annotated[str, Yaml(given=True)]  # the file's path
     maxtext: Annotated[tuple[MaxTextRow, ...], Yaml(read=read_maxtext_rows)]
     tpu_inference: Annotated[tuple[TpuInferenceRow, ...], Yaml(read=read_tpu_inference_rows)]
     cpu_shim: CpuShimSpec
-    # Read by parse_matrix once the rows are known (an environment names a row's release).
+    # Read by parse_matrix once the rows are known (a pin set names a row's release): the tested install of each
+    # release, shipped. The environments are this repository's CI layout (tests/environments.yaml, read by
+    # load.with_environments; empty in the shipped matrix) or, in a user's project, the pin sets themselves.
+    pin_sets: Annotated[Mapping[str, EnvironmentSpec], Yaml(later=True)] = field(default_factory=dict)
     environments: Annotated[Mapping[str, EnvironmentSpec], Yaml(later=True)] = field(default_factory=dict)
     dev_builds: Annotated[Mapping[str, DevBuildRelation], Yaml(keys=DEV_BUILD_PACKAGES)] = field(default_factory=dict)
 
@@ -426,4 +429,20 @@ class CompatMatrix:
                 key="environments",
                 expected=f"one of {sorted(self.environments)}",
                 fix="pick a name from `maxtext-compat envs`",
+            ) from None
+
+    def pin_set(self, name: str) -> EnvironmentSpec:
+        """The pin set `name`, or that of a MaxText release (`0.2.5` is `maxtext-0.2.5`)."""
+        key = name if name in self.pin_sets else f"maxtext-{name}"
+        try:
+            return self.pin_sets[key]
+        except KeyError:
+            releases = sorted({p.maxtext for p in self.pin_sets.values() if p.maxtext})
+            raise MatrixError(
+                f"no pin set named {name!r}",
+                path=self.source,
+                key="pin_sets",
+                expected=f"a MaxText release with a tested set ({', '.join(releases)}) or a set's name "
+                f"({', '.join(self.pin_sets)})",
+                fix="pick one from `maxtext-compat pins --list`",
             ) from None

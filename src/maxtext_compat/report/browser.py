@@ -1,7 +1,8 @@
 """Headless Chromium (Debian's `chromium`): the report page's DOM after its script ran, and a screenshot.
 
 Why the browser itself: the page is read by people in a browser, with its script filling the details panel; a
-parser of the HTML source would not see what the script does. `make chromium` installs it (`apt-get`).
+parser of the HTML source would not see what the script does. Debian's package (`apt-get install chromium`,
+`make chromium` in the checkout) is the one tested.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _run(args: list[str], timeout: float) -> str:
             argument="chromium",
             expected="Debian's chromium on PATH",
             found="none of " + ", ".join(NAMES),
-            fix="run `make chromium` (apt-get install -y chromium)",
+            fix="install Chromium (Debian: apt-get install -y chromium; in the maxtext-compat checkout: make chromium)",
         )
     with tempfile.TemporaryDirectory(prefix="maxtext-compat-chromium-") as profile:
         proc = subprocess.run(

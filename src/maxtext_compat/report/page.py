@@ -50,7 +50,7 @@ def write(
     path.write_text(page, encoding="utf-8")
     if screenshot:
         if browser.find() is None:
-            log(f"[report] no screenshot of {path}: Chromium is not installed (make chromium)")
+            log(f"[report] no screenshot of {path}: Chromium is not installed (apt-get install -y chromium)")
         else:
             browser.screenshot(path.resolve().as_uri(), out_dir / SCREENSHOT_NAME)
     return path
