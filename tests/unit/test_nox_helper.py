@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nox.registry
 import pytest
 
 from helpers.shipped import REPO, shipped_matrix
@@ -83,6 +82,8 @@ class FakeSession:
 @pytest.fixture
 def registry(monkeypatch):
     """nox's session registry, empty for this test (compat_sessions registers into it as a noxfile would)."""
+    import nox.registry  # here, not at the top: the module is collected (then deselected) where nox is absent
+
     monkeypatch.setattr(nox.registry, "_REGISTRY", {})
     return nox.registry
 

@@ -84,11 +84,12 @@ def test_every_figure_and_version_in_the_prose_is_one_the_sources_hold():
 def test_the_recipes_are_in_the_site_and_tagged_for_their_test():
     pages = _tool("docs_pages")
     page = pages.recipes_page(README)
-    runners = {"wrap": "test_readme_recipes.py", "serve": "test_readme_recipes.py", "matrix": "test_downstream.py"}
+    runners = {"wrap": "compat/test_readme_recipes.py", "serve": "compat/test_readme_recipes.py",
+               "matrix": "unit/test_downstream.py"}  # fmt: skip
     for recipe, runner in runners.items():
         tag = f"recipe: {recipe}"
-        assert README.count(f"<!-- {tag} (tests/compat/{runner} runs") == 1
-        runs = (REPO / "tests" / "compat" / runner).read_text(encoding="utf-8")
-        assert f'_blocks("{recipe}")' in runs or f"recipe: {recipe} (tests/compat/{runner}" in runs, runner
+        assert README.count(f"<!-- {tag} (tests/{runner} runs") == 1
+        runs = (REPO / "tests" / runner).read_text(encoding="utf-8")
+        assert f'_blocks("{recipe}")' in runs or f"recipe: {recipe} (tests/{runner}" in runs, runner
         assert tag in page
     assert "](docs/" not in page, "links are made relative to docs/ in the site"
