@@ -13,11 +13,10 @@ True
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping  # at run time: the contract evaluates resolve's hints in this namespace
 
+from maxtext_compat._lazy import on_first_call
 from maxtext_compat._version import __version__
-from maxtext_compat.contract import checked
 from maxtext_compat.errors import (
     BackendUnavailableError,
     BackportError,
@@ -50,9 +49,16 @@ from maxtext_compat.errors import (
     WeightsUnavailableError,
 )
 
+# Not typing's: typing costs `import maxtext_compat` ~8 ms (re, enum, contextlib); see errors.py.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
     from maxtext_compat.matrix import CompatMatrix
     from maxtext_compat.resolver import Resolution
+
+    F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "BackendUnavailableError",
@@ -90,7 +96,18 @@ __all__ = [
 ]
 
 
-@checked
+def _checked(fn: F) -> F:
+    """`contract.checked(fn)` made at the first call: the contract package stays out of `import maxtext_compat`."""
+
+    def make(f: F) -> Any:
+        from maxtext_compat.contract import checked
+
+        return checked(f)
+
+    return on_first_call(fn, make)
+
+
+@_checked
 def resolve(
     versions: Mapping[str, str] | None = None,
     *,
@@ -110,7 +127,7 @@ def resolve(
     return _resolve(versions, matrix=matrix, strict=strict, probe=probe)
 
 
-@checked
+@_checked
 def load_matrix(path: str | os.PathLike[str] | None = None) -> CompatMatrix:
     """Load and validate compat_matrix.yaml (or `path`).
 

@@ -3,13 +3,22 @@
 Why one helper: every face needs the same three things (an export table, `__getattr__` that imports the
 owning module once, `__dir__` that lists the exports); written once, no face forgets one of them.
 Type checkers and IDEs see the names through each face's `if TYPE_CHECKING:` imports.
+
+`on_first_call` does the same for one function's wrapper: `maxtext_compat.resolve` is `@checked`, and the
+contract package (typing, inspect and its rules, ~20 ms) is imported at the first call, not by the import.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: this module is part of `import maxtext_compat` (see errors.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    F = TypeVar("F", bound=Callable[..., Any])
 
 
 def lazy_face(
@@ -45,3 +54,27 @@ def lazy_face(
         return sorted({*vars(module), *exports})
 
     return __getattr__, __dir__
+
+
+# The attribute holding a deferred wrapper's `make`: contract_of builds the real wrapper through it.
+ON_FIRST_CALL = "__mc_on_first_call__"
+
+
+def on_first_call(fn: F, make: Callable[[F], Callable[..., Any]]) -> F:
+    """A stand-in for `make(fn)` (e.g. `contract.checked`) that runs `make` at its first call, not now.
+
+    Two threads calling first may both run `make`: each gets an equivalent wrapper, the last one is kept."""
+    made: Callable[..., Any] | None = None
+
+    def build() -> Callable[..., Any]:
+        nonlocal made
+        if made is None:
+            made = make(fn)
+        return made
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return (made or build())(*args, **kwargs)
+
+    setattr(wrapper, ON_FIRST_CALL, build)
+    return wrapper  # type: ignore[return-value]

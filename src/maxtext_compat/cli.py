@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from maxtext_compat._version import __version__
 from maxtext_compat.errors import CompatError
 from maxtext_compat.pinsets import FORMATS
 
@@ -333,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="maxtext-compat", description=__doc__.splitlines()[0], **_example("maxtext-compat")
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("doctor", help="installed versions, resolved row, probes, active patches", **_example("doctor"))

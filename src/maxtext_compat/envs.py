@@ -177,7 +177,7 @@ def find_python(version: str) -> str:
 def find_uv() -> list[str]:
     exe = shutil.which("uv")
     if exe:
-        return [exe]
+        return [os.path.abspath(exe)]  # PATH may hold a relative folder (the Makefile's .tools/bin)
     try:
         import uv  # type: ignore[import-not-found]
 

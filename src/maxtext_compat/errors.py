@@ -9,7 +9,12 @@ from __future__ import annotations
 import sys
 import types
 import warnings
-from typing import Any
+
+# Not `from typing import ...`: typing brings re, enum and contextlib (~8 ms) into `import maxtext_compat`, and
+# these names are only annotations (strings here); type checkers read a TYPE_CHECKING name as typing's.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class CompatError(Exception):

@@ -12,7 +12,8 @@ A model directory written by `maxtext-compat convert` holds maxtext_config.json:
 model's shape and load_parameters_path) fill maxtext_config, any key given on the command line wins.
 
 `--tiny` fills maxtext_config with the tiny test model's sizes (any key given wins), writes
-config.json into the model directory (a temp dir when none is given) and adds small-cache flags
+config.json into the model directory (a temporary one when none is given, removed once the server has exited;
+`--dry-run` keeps it for the printed command) and adds small-cache flags
 (`--max-model-len`, `--block-size 16`, `--num-gpu-blocks-override`, `--dtype`, `--skip-tokenizer-init`,
 `--load-format dummy` without a checkpoint).
 """
@@ -25,12 +26,12 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maxtext_compat import tempdirs
 from maxtext_compat.errors import InvalidArgumentError
 
 # The tiny model's MaxText keys that shape it (testing.tiny.TINY minus test-only switches).
@@ -66,6 +67,9 @@ class ServeCommand:
     env_changes: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     model_dir: str | None = None
+    # `--tiny` without a directory: the temporary one made for this command (tempdirs), removed when this process
+    # exits, or, after `run` execs the server, once the server has exited.
+    temporary_model_dir: str | None = None
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env_changes.items()))
@@ -210,6 +214,7 @@ def build_command(
     maxtext = dict(additional.get("maxtext_config") or {})
     tp, tp_from_flag = _tp(args, maxtext)
     notes: list[str] = []
+    temporary: str | None = None
     env: dict[str, str] = {}
 
     if ns.tiny:
@@ -217,7 +222,7 @@ def build_command(
         additional["maxtext_config"] = maxtext
         _set_flag(args, "--additional-config", json.dumps(additional, sort_keys=True))
         if model is None:
-            model = tempfile.mkdtemp(prefix="maxtext_compat_tiny_model_")
+            model = temporary = tempdirs.make("maxtext_compat_tiny_model_")
         _write_tiny_dir(model, maxtext)
         notes.append(f"wrote {model}/config.json for the tiny model")
         defaults: list[tuple[str, str | None]] = [
@@ -286,7 +291,7 @@ def build_command(
         argv = [_vllm_bin(ns.vllm_bin), "serve", *args]
     else:
         argv = [_vllm_bin(ns.vllm_bin), "serve", str(model), *args]
-    return ServeCommand(argv, env, notes, str(model))
+    return ServeCommand(argv, env, notes, str(model), temporary_model_dir=temporary)
 
 
 def _check_switches(environ: Mapping[str, str]) -> None:
@@ -337,10 +342,15 @@ def run(ns: argparse.Namespace, passthrough: Sequence[str]) -> int:
     for note in cmd.notes:
         print(f"maxtext-compat serve: {note}", file=sys.stderr)
     if ns.dry_run:
+        if cmd.temporary_model_dir is not None:  # the printed command names it: it is the user's to remove
+            tempdirs.release(cmd.temporary_model_dir)
+            print(f"maxtext-compat serve: {cmd.temporary_model_dir} is kept for this command", file=sys.stderr)
         print(cmd.shell())
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
+    if cmd.temporary_model_dir is not None:
+        tempdirs.hand_to_exec(cmd.temporary_model_dir)  # removed once the server has exited
     os.execve(cmd.argv[0], cmd.argv, {**os.environ, **cmd.env_changes})
     return 0  # pragma: no cover - execve does not return
 

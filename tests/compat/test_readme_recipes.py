@@ -3,7 +3,7 @@
 1. wrap: the Python block, on a legacy release (0.1.0) and a kv_scan_carry one (0.2.3, the lighter of them).
 2. serve: the commands, in maxtext-0.2.4 (a serving environment with the least load): `doctor`, then the server
    the README starts (on a free port, on loopback) and the README's request to it.
-3. matrix: run by tests/unit/test_downstream.py, in a project of its own with the wheel pip-installed (the flow
+3. matrix: run by tests/unit/test_downstream_project.py, in a project of its own with the wheel pip-installed (the flow
    the recipe describes).
 Only the port and the host are changed from the README's text.
 """

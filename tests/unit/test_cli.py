@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 
@@ -115,6 +116,26 @@ def test_console_script_runs(argv):
         [sys.executable, "-m", "maxtext_compat.cli", *argv], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+def test_version_prints_the_installed_distributions_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"maxtext-compat {version('maxtext-compat')}\n"
+
+
+def test_version_from_a_fresh_process_loads_nothing_heavy():
+    """`maxtext-compat --version` answers from argparse: no matrix, no contract, no jax or numpy imported."""
+    script = (
+        "import json, sys\nfrom maxtext_compat.cli import main\n"
+        "try:\n    main(['--version'])\nfinally:\n    print(json.dumps(sorted(sys.modules)), file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and proc.stdout == f"maxtext-compat {version('maxtext-compat')}\n"
+    loaded = json.loads(proc.stderr.strip().splitlines()[-1])
+    heavy = ("jax", "numpy", "yaml", "maxtext_compat.contract", "maxtext_compat.matrix", "maxtext_compat.resolver")
+    assert not [m for m in loaded if m.startswith(heavy)]
 
 
 def test_reader_closing_the_pipe_ends_quietly():

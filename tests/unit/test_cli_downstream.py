@@ -1,7 +1,7 @@
 """The matrix commands from a user's project: which workspace a command runs in, `pins`, the job list, bad input.
 
-Nothing is built here (tests/unit/test_downstream.py builds and runs a real project from the wheel); these run the
-CLI in-process on the shipped matrix and read what it prints.
+Nothing is built here (tests/unit/test_downstream_project.py builds and runs a real project from the wheel); these
+run the CLI in-process on the shipped matrix and read what it prints.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
 import zipfile
 
 import pytest
@@ -131,6 +132,27 @@ def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
                              capture_output=True, text=True)  # fmt: skip
     assert refused.returncode != 0
     assert f"does not satisfy Python>={lowest_claimed_python()}" in " ".join(refused.stderr.split()), refused.stderr
+
+
+def test_the_license_ships_in_the_sdist_and_the_wheel(tmp_path):
+    """pyproject says Apache-2.0; the text travels with both artifacts (the wheel's from the sdist, as pip builds it),
+    the wheel's where PEP 639 puts it (dist-info/licenses), named by its metadata."""
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert "Copyright 2026 The maxtext-compat authors" in text
+    dist = tmp_path / "dist"
+    py = envs.find_python(lowest_claimed_python())
+    subprocess.run([shutil.which("uv"), "build", "--quiet", "--python", py, "-o", str(dist), str(REPO)], check=True)
+    (sdist,) = dist.glob("maxtext_compat-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        member = tar.extractfile(f"{sdist.name.removesuffix('.tar.gz')}/LICENSE")
+        assert member is not None and member.read().decode() == text
+    (wheel,) = dist.glob("maxtext_compat-*.whl")
+    dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read(f"{dist_info}/licenses/LICENSE").decode() == text
+        metadata = z.read(f"{dist_info}/METADATA").decode().splitlines()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
 
 
 def test_find_python_script_finds_each_version_the_matrix_asks_for():

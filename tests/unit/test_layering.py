@@ -23,7 +23,18 @@ MAX_LINES = 520  # "no file over ~500 lines"
 # Lowest first. A name covers the module and everything under it; the longest match wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # no package imports
-    ("_version", "_lazy", "errors", "progress", "xla_flags", "switches", "envmemory", "atomic_file", "contract"),
+    (
+        "_version",
+        "_lazy",
+        "errors",
+        "progress",
+        "xla_flags",
+        "switches",
+        "envmemory",
+        "atomic_file",
+        "tempdirs",
+        "contract",
+    ),
     ("versions",),  # installed distributions
     ("matrix", "defects"),  # compat_matrix.yaml as typed rows
     ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed

@@ -85,7 +85,7 @@ def test_the_recipes_are_in_the_site_and_tagged_for_their_test():
     pages = _tool("docs_pages")
     page = pages.recipes_page(README)
     runners = {"wrap": "compat/test_readme_recipes.py", "serve": "compat/test_readme_recipes.py",
-               "matrix": "unit/test_downstream.py"}  # fmt: skip
+               "matrix": "unit/test_downstream_project.py"}  # fmt: skip
     for recipe, runner in runners.items():
         tag = f"recipe: {recipe}"
         assert README.count(f"<!-- {tag} (tests/{runner} runs") == 1

@@ -23,6 +23,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from maxtext_compat._lazy import ON_FIRST_CALL
 from maxtext_compat.contract import words
 from maxtext_compat.contract.hints import Culprit, ParamViolation, conf, explain, to_beartype
 from maxtext_compat.contract.rules import LAZY_TYPES
@@ -250,9 +251,13 @@ def checked(obj: F | None = None, /, *, fixes: Mapping[str, str] | None = None) 
 
 
 def contract_of(obj: Any) -> Contract | None:
-    """The contract of a checked callable (following functools.wraps chains, e.g. a contextmanager's)."""
+    """The contract of a checked callable (following functools.wraps chains, e.g. a contextmanager's; one checked
+    on its first call, `_lazy.on_first_call`, is checked now)."""
     seen = 0
     while obj is not None and seen < 8:
+        make = getattr(obj, ON_FIRST_CALL, None)
+        if make is not None:
+            obj = make()
         found = getattr(obj, CONTRACT_ATTR, None)
         if isinstance(found, Contract):
             return found

@@ -26,6 +26,10 @@ from maxtext_compat.contract import IntSequence, NonNegativeInt, PositiveInt, ch
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, InvalidArgumentTypeError, StaleSliceError
 from maxtext_compat.paged.layout import cdiv
 
+# The most token slots (num_pages * page_size) a cache may have: a request that fills the cache has that many
+# tokens, and the kernel's metadata holds token counts and page ids as int32 (kv_lens, page_indices).
+MAX_CACHE_TOKENS = 2**31 - 1
+
 STALE_FIX = (
     "cut a new slice with PageAllocator.append for every step, and build metadata from it before freeing or "
     "appending to the request again"
@@ -189,8 +193,22 @@ class PageAllocator:
         seed: int | None = None,
         reserved: Iterable[int] = (),
     ) -> None:
-        """seed: shuffle the free list (None keeps pages in order); reserved: never handed out."""
+        """seed: shuffle the free list (None keeps pages in order); reserved: never handed out.
+
+        Unshuffled, the free list is lazy (pages never handed out are counted, not listed), so a cache of any
+        size the kernel can address is set up at once; a seeded one is shuffled whole, here."""
         num_pages, page_size = int(num_pages), int(page_size)
+        if num_pages * page_size > MAX_CACHE_TOKENS:
+            big = "page_size" if page_size > MAX_CACHE_TOKENS else "num_pages"
+            raise InvalidArgumentError(
+                "no KV cache the kernel can address has this many token slots",
+                argument=big,
+                expected=f"num_pages * page_size <= 2**31 - 1 ({MAX_CACHE_TOKENS:,} tokens: a request that fills the "
+                "cache holds that many, and the kernel's metadata holds token counts and page ids as int32)",
+                found=f"num_pages={num_pages:,} * page_size={page_size:,} = {num_pages * page_size:,} tokens",
+                fix=f"size the cache from its memory (KVCacheLayout.bytes_per_page): at most "
+                f"{MAX_CACHE_TOKENS // page_size:,} pages of {page_size} tokens",
+            )
         keep = set(reserved)
         odd = [p for p in keep if not is_int(p)]
         if odd:
@@ -211,12 +229,17 @@ class PageAllocator:
                 found=bad,
                 fix=f"reserve only page ids of this cache (0 to {num_pages - 1}), or drop {bad}",
             )
-        free = [p for p in range(num_pages) if p not in keep]
-        if seed is not None:
-            random.Random(seed).shuffle(free)
         self.num_pages = num_pages
         self.page_size = page_size
-        self._free: list[int] = free[::-1]  # pop() from the end hands out free[0] first
+        # Handed out first: freed pages, last freed first (pop() from the end); then the pages never handed out,
+        # in order from _fresh on, skipping the reserved ones (_fresh_left of them remain).
+        self._free: list[int] = []
+        self._reserved = keep
+        self._fresh, self._fresh_left = 0, num_pages - len(keep)
+        if seed is not None:
+            free = [p for p in range(num_pages) if p not in keep]
+            random.Random(seed).shuffle(free)
+            self._free, self._fresh_left = free[::-1], 0  # pop() from the end hands out free[0] first
         self._pages: dict[Hashable, list[int]] = {}
         self._tokens: dict[Hashable, int] = {}
         self._generation: dict[Hashable, int] = {}  # the step of each live request's latest slice
@@ -229,7 +252,7 @@ class PageAllocator:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + self._fresh_left
 
     def requests(self) -> list[Hashable]:
         return list(self._pages)
@@ -246,21 +269,31 @@ class PageAllocator:
         """Make sure `request_id` has pages for `num_tokens` tokens in total; returns its pages (PageIds)."""
         pages = self._pages.setdefault(request_id, [])
         need = cdiv(num_tokens, self.page_size) - len(pages)
-        if need > len(self._free):
+        if need > self.num_free:
             if not pages:
                 del self._pages[request_id]
             raise CacheCapacityError(
                 "the KV cache has too few free pages for this request",
                 argument="num_tokens",
-                expected=f"at most {(len(pages) + len(self._free)) * self.page_size} tokens for request {request_id!r}",
-                found=f"{num_tokens} tokens ({need} more pages of {self.page_size}, {len(self._free)} free)",
+                expected=f"at most {(len(pages) + self.num_free) * self.page_size} tokens for request {request_id!r}",
+                found=f"{num_tokens} tokens ({need} more pages of {self.page_size}, {self.num_free} free)",
                 fix="free finished requests (PageAllocator.free) or allocate a cache with more pages",
             )
         for _ in range(max(0, need)):
-            page, epoch = self._free.pop(), next(self._allocations)
+            page, epoch = self._take(), next(self._allocations)
             self._epoch[page], self._owner[page] = epoch, request_id
             pages.append(_page(self, page, epoch, request_id))
         return tuple(pages)
+
+    def _take(self) -> int:
+        """The next free page: the last one freed, else the lowest never handed out (not reserved)."""
+        if self._free:
+            return self._free.pop()
+        page = self._fresh
+        while page in self._reserved:
+            page += 1
+        self._fresh, self._fresh_left = page + 1, self._fresh_left - 1
+        return page
 
     def append(self, request_id: Hashable, q_len: PositiveInt) -> SequenceSlice:
         """Add q_len new tokens to a request (prefill or decode); returns its slice of the step."""

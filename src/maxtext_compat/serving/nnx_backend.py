@@ -14,6 +14,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from maxtext_compat import tempdirs
 from maxtext_compat.errors import ServingConfigError, ServingError
 from maxtext_compat.serving.backend import ServingBackend
 from maxtext_compat.xla_flags import keep_xla_flags
@@ -50,16 +51,21 @@ class NNXTransformerBackend(ServingBackend):
             return pyconfig.initialize(["maxtext_compat", str(root / yml)], **values)
 
     def base_config(self, overrides: dict[str, Any]) -> Any:
-        """The release's training/decode config (base.yml) plus `overrides`: what a checkpoint is written for."""
-        import tempfile
+        """The release's training/decode config (base.yml) plus `overrides`: what a checkpoint is written for.
 
+        Without a base_output_directory in `overrides`, the config gets a temporary one that goes with it
+        (tempdirs: removed when the config is garbage-collected, at exit at the latest)."""
         from maxtext_compat.shims.cpu_serving import cpu_only
 
         values = {**BASE_DEFAULTS, **overrides}
         if cpu_only():
             values.setdefault("hardware", "cpu")
-        values.setdefault("base_output_directory", tempfile.mkdtemp(prefix="maxtext_compat_"))
-        return self._initialize_config(self.row.config.base_yml, values)
+        if "base_output_directory" in values:
+            return self._initialize_config(self.row.config.base_yml, values)
+        return tempdirs.for_result(
+            "maxtext_compat_",
+            lambda path: self._initialize_config(self.row.config.base_yml, {**values, "base_output_directory": path}),
+        )
 
     def _reject_input_embeddings(self) -> NoReturn:
         raise ServingError(

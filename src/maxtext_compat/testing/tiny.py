@@ -8,9 +8,9 @@ were measured on CPU: families default (Llama-style), qwen3 (dense) and gemma3.
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
+from maxtext_compat import tempdirs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.installed import MaxTextApi as MaxTextApi  # re-exported: tests reach the release through tiny
 from maxtext_compat.installed import api, config_mesh, mesh_context
@@ -79,7 +79,6 @@ def tiny_config(
         )
     a = api(row)
     ov: dict[str, Any] = {**TINY, **FAMILIES[family], "scan_layers": scan_layers, "attention": attention}
-    ov["base_output_directory"] = tempfile.mkdtemp(prefix="maxtext_compat_")
     if tp > 1:
         ov["ici_tensor_parallelism"] = tp
         ov["base_num_query_heads"] = max(ov["base_num_query_heads"], tp)
@@ -98,8 +97,15 @@ def tiny_config(
     ov.update(overrides)
     if ov.get("load_parameters_path") and "enable_checkpointing" not in overrides:
         ov["enable_checkpointing"] = True  # pyconfig of 0.1.0-0.2.4 refuses to load a checkpoint otherwise
-    with keep_xla_flags():
-        return a.pyconfig.initialize(["maxtext_compat", str(yml)], **ov)
+
+    def initialize(output_dir: str) -> Any:
+        with keep_xla_flags():
+            return a.pyconfig.initialize(["maxtext_compat", str(yml)], **{**ov, "base_output_directory": output_dir})
+
+    # MaxText wants an output directory: a given one is the caller's, one made here goes with the config (tempdirs).
+    if "base_output_directory" in ov:
+        return initialize(ov["base_output_directory"])
+    return tempdirs.for_result("maxtext_compat_", initialize)
 
 
 def tiny_attention(

@@ -35,7 +35,7 @@ TESTS_PER_ENV = 3  # the README's recipe 3 test file, and two tests of the proje
 def _readme_recipe() -> tuple[str, str, str]:
     """README recipe 3: (its test file, the command, the closing line it shows)."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    start = readme.index("<!-- recipe: matrix (tests/unit/test_downstream.py runs")
+    start = readme.index("<!-- recipe: matrix (tests/unit/test_downstream_project.py runs")
     test_file, commands = re.findall(r"```[a-z]*\n(.*?)```", readme[start : readme.index("\n## ", start)], re.S)[:2]
     command, shown = commands.strip().splitlines()
     return test_file, command, shown.lstrip("# .")
@@ -90,7 +90,7 @@ def _uv() -> str:
     uv = shutil.which("uv")
     if uv is None:
         pytest.fail("uv is not on PATH (make test puts it there; so does `make envs`)")
-    return uv
+    return str(Path(uv).resolve())  # PATH may name it relative to the checkout; the runs below are elsewhere
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900, both: bool = False) -> str:
