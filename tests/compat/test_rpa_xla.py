@@ -3,8 +3,9 @@
 The oracle is the real Pallas kernel itself (v3 and its head_dim-64 variant, tpu-inference 0.32.0) run in TPU
 interpret mode by the CPU shim. For random valid metadata (decode sequences first, then prefill/mixed ones; the
 v3 kernel's prefill-only segment [d, p) too; pages shuffled across sequences) both get the same arguments:
-outputs equal within F32_TOLERANCE (float32) or BF16_TOLERANCE (bfloat16: the kernel's blocked online softmax
-rounds per block), every page of the returned cache equal element for element, including untouched pages.
+outputs equal within F32_TOLERANCE + F32_RTOL * |out| (float32) or BF16_TOLERANCE (bfloat16: the kernel's
+blocked online softmax rounds per block), every page of the returned cache equal element for element, including
+untouched pages.
 Then the route: the CPU serving shim puts the XLA kernel behind `sharded_ragged_paged_attention` only.
 """
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.3")]
 np = pytest.importorskip("numpy")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from maxtext_compat import rpa_xla  # noqa: E402
@@ -26,6 +27,9 @@ from maxtext_compat.errors import InvalidArgumentError, ShimRefusedError  # noqa
 from maxtext_compat.shims import cpu_rpa, cpu_serving  # noqa: E402
 
 F32_TOLERANCE = 1e-6
+# ... plus this much of |out| (~8 float32 ulps): the two kernels sum the softmax in another order, and an output of
+# ~2.3 was seen 1.19e-6 away (5.1e-7 relative, 1 element of 8,192; hypothesis, seed 15947, two sequences)
+F32_RTOL = 1e-6
 BF16_TOLERANCE = 2e-2  # bfloat16 has 8 bits of mantissa; |out| <= ~3
 Q_HEADS, KV_HEADS, TOKENS, SEQS, PAGES, PAGE_SIZE, PAGES_PER_SEQ = 4, 2, 16, 4, 16, 16, 4
 
@@ -98,12 +102,13 @@ def _both(real_kernel, name, seqs, p, seed):
 @pytest.mark.parametrize("name", list(CONFIGS))
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=batches())
+@example(batch=([(1, 1), (4, 59)], 1, 15947))  # 1.19e-6 away at |out| ~2.3 (F32_RTOL's case)
 def test_the_xla_kernel_equals_the_real_kernel(real_kernel, name, batch):
     seqs, p, seed = batch
     (real_out, real_cache), (out, cache), dtype = _both(real_kernel, name, seqs, p, seed)
     np.testing.assert_array_equal(np.asarray(cache.astype(jnp.float32)), np.asarray(real_cache.astype(jnp.float32)))
-    tol = F32_TOLERANCE if dtype == jnp.float32 else BF16_TOLERANCE
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(real_out, np.float32), rtol=0, atol=tol)
+    tol, rtol = (F32_TOLERANCE, F32_RTOL) if dtype == jnp.float32 else (BF16_TOLERANCE, 0)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(real_out, np.float32), rtol=rtol, atol=tol)
 
 
 @pytest.mark.parametrize("name", ["v3-f32", "v3-bf16", "hd64-f32", "hd64-bf16"])
