@@ -34,9 +34,8 @@ from pathlib import Path
 from maxtext_compat import pinsets, workspace
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import ENV_NAME_RULE, CompatMatrix, EnvironmentSpec, valid_env_name
-from maxtext_compat.workspace import ENVS_DIR_VAR, Workspace
-
-__all__ = ["ENVS_DIR_VAR"]  # re-exported: the variable's home is workspace
+from maxtext_compat.workspace import ENVS_DIR_VAR as ENVS_DIR_VAR  # re-exported: the variable's home is workspace
+from maxtext_compat.workspace import Workspace
 
 PYTHON_VAR = "MAXTEXT_COMPAT_PYTHON"
 MARKER = "maxtext-compat-env.json"

@@ -1,10 +1,10 @@
 """Where the compat matrix runs: this repository's checkout, or any project that pip-installed maxtext-compat.
 
-Why two kinds: in this checkout the matrix is our CI's layout (tests/environments.yaml: 22 environments, each a
-pin set plus our tests' needs) and runs our suite; in a user's project it is the shipped pin sets, with the user's
-package installed editable on top of each and their pytest run there. Everything the runner touches that used to
-assume this checkout (the environments' folder, the reports, recorded durations and memory peaks, what is installed
-besides the pins) is a field here, so one runner serves both.
+Why two kinds: in this checkout the matrix is our CI's layout (tests/environments.yaml: 24 environments, the
+MaxText ones each a pin set plus our tests' needs) and runs our suite; in a user's project it is the shipped pin
+sets, with the user's package installed editable on top of each and their pytest run there. Everything the runner
+touches that used to assume this checkout (the environments' folder, the reports, recorded durations and memory
+peaks, what is installed besides the pins) is a field here, so one runner serves both.
 """
 
 from __future__ import annotations
