@@ -154,8 +154,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     run: dict[str, object] = {"selected": selected}
     if args.shard is not None:
         part, parts = args.shard
-        durations = env_runner.expected_durations(ws.durations_file) if ws.is_checkout else {}
-        names = env_runner.shard(selected, part, parts, durations)
+        names = env_runner.shard(selected, part, parts, env_runner.shard_durations(ws))
         run["shard"] = f"{part}/{parts}"
     if args.list:
         print(_job_list(ws, selected, names, args) if args.json else _job_table(ws, names))
@@ -185,7 +184,7 @@ def _job_list(ws: Any, selected: list[str], names: list[str], args: argparse.Nam
     if args.shard is not None:
         jobs = [{"name": n, "shard": f"{args.shard[0]}/{args.shard[1]}"} for n in names]
     else:
-        durations = env_runner.expected_durations(ws.durations_file) if ws.is_checkout else {}
+        durations = env_runner.shard_durations(ws)
         parts = len(selected)
         owner = {n: k for k in range(1, parts + 1) for n in env_runner.shard(selected, k, parts, durations)}
         jobs = [{"name": n, "shard": f"{owner[n]}/{parts}"} for n in selected]

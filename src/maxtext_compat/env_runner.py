@@ -322,6 +322,12 @@ def run_matrix(
     return results
 
 
+def shard_durations(ws: Workspace) -> dict[str, float]:
+    """The durations every machine of a sharded run has alike: this checkout's committed record; none in a user's
+    project (its record is written on each machine, so two machines could split the run differently)."""
+    return expected_durations(ws.durations_file) if ws.is_checkout else {}
+
+
 def shard(names: Sequence[str], part: int, parts: int, durations: dict[str, float] | None = None) -> list[str]:
     """Shard `part` of `parts` (1-based) of `names`: the longest recorded first, each to the lightest shard (an
     unknown duration counts as the longest known, or 1; ties: the fewest names, then the lowest shard). Every
