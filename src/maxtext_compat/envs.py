@@ -238,20 +238,14 @@ def _populate(spec: EnvironmentSpec, path: Path, uv: list[str], python: str, t0:
     # works after the rename into place (uv otherwise writes the build path into every shebang).
     _run([*uv, "venv", "--quiet", "--relocatable", "--python", python, str(path)], spec)
     work = path / "maxtext-compat-spec"
-    steps = pinsets.install_steps(spec, work)
-    pinsets.write_files(steps, work)
-    target = ["--python", str(path / "bin" / "python")]
-    for step in steps:
-        _run([*uv, "pip", "install", *target, *step.args], spec)
-    held, constraints = pinsets.on_top(spec, work)
     self_args = ws.self_install
     if self_args is None:
         from maxtext_compat import selfwheel
 
         self_args = selfwheel.self_install_args(ws.state / "self")
-    _run([*uv, "pip", "install", *target, *held, *self_args], spec)
-    if ws.project_install is not None:
-        _run([*uv, "pip", "install", *target, *held, "-c", str(constraints), *ws.project_install], spec)
+    target = ["--python", str(path / "bin" / "python")]
+    for args in pinsets.install_plan(spec, work, work, self_args, ws.project_install):
+        _run([*uv, "pip", "install", *target, *args], spec)
     write_marker(path, spec, python, t0, ws)
 
 

@@ -72,13 +72,7 @@ def install_pin_set(session: Any, spec: EnvironmentSpec, *, project: str = ".", 
     The project is installed with every exact pin of the set as a constraint: an install that needs another
     version fails, naming both, instead of testing something other than the set."""
     tmp = Path(session.create_tmp())
-    pins = tmp / "pins"
-    steps = pinsets.install_steps(spec, pins)
-    pinsets.write_files(steps, pins)
-    for step in steps:
-        session.install(*step.args)
-
-    held, constraints = pinsets.on_top(spec, tmp / "project")
-    session.install(*selfwheel.self_install_args(tmp / "self"), *held)
     target = f"{project}[{extras}]" if extras else project
-    session.install("-e", target, "-c", str(constraints), *held)
+    self_args = selfwheel.self_install_args(tmp / "self")
+    for args in pinsets.install_plan(spec, tmp / "pins", tmp / "project", self_args, ("-e", target)):
+        session.install(*args)

@@ -81,6 +81,21 @@ def on_top(spec: EnvironmentSpec, folder: Path) -> tuple[list[str], Path]:
     return held, constraints
 
 
+def install_plan(
+    spec: EnvironmentSpec, folder: Path, top: Path, self_args: tuple[str, ...], project: tuple[str, ...] | None
+) -> list[tuple[str, ...]]:
+    """Every `uv pip install` (its arguments) that makes an environment of `spec`, in order: the set's steps (their
+    files written into `folder`), maxtext-compat (`self_args`), then `project` held to the set by its constraints
+    (written into `top`; None: no project). `matrix` and the nox helper both install this plan."""
+    steps = install_steps(spec, folder)
+    write_files(steps, folder)
+    held, constraints = on_top(spec, top)
+    plan = [*(step.args for step in steps), (*self_args, *held)]
+    if project is not None:
+        plan.append((*project, "-c", str(constraints), *held))
+    return plan
+
+
 def write_files(steps: list[InstallStep], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for step in steps:
