@@ -134,6 +134,14 @@ def for_project(project: Path, *, state: Path | None = None, extras: str = "") -
 def current(project: Path | None = None, *, state: Path | None = None, extras: str = "") -> Workspace:
     """The workspace for a command run in `project` (default: the current folder): this checkout when it is the
     checkout maxtext-compat runs from, a user's project otherwise."""
+    if state is not None and state.exists() and not state.is_dir():
+        raise InvalidArgumentError(
+            "is not a folder, so environments and results cannot go there",
+            argument="--cache-dir",
+            expected="a folder (made when missing)",
+            found=f"{state} (a file)",
+            fix="pass a folder path, e.g. --cache-dir results",
+        )
     root = checkout_root()
     here = (project or Path.cwd()).resolve()
     if root is not None and here == root:

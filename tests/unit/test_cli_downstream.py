@@ -63,6 +63,13 @@ def test_a_folder_without_a_project_is_refused_naming_the_option(tmp_path, monke
     assert code == 2 and "--project" in stderr and "pyproject.toml" in stderr
 
 
+def test_a_cache_dir_that_is_a_file_is_refused(project, capsys):
+    (project / "results").write_text("not a folder", encoding="utf-8")
+    code, _, stderr = _main(capsys, "matrix", "0.2.5", "--cache-dir", "results", "--list")
+    assert code == 2 and "[--cache-dir]" in stderr and "a file" in stderr, stderr
+    assert (project / "results").read_text(encoding="utf-8") == "not a folder"  # left as it was
+
+
 def test_extras_are_refused_in_the_checkout():
     with pytest.raises(InvalidArgumentError, match="--extras"):
         workspace.current(REPO, extras="test")
