@@ -244,6 +244,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.all or args.jobs is not None or args.record_durations:  # the demo in every environment
+        from maxtext_compat import demo_all, workspace
+
+        demo_all.check_options(every=args.all, verbose=args.verbose, jobs=args.jobs, record=args.record_durations)
+        return demo_all.main(workspace.default(), steps=args.steps, real=not args.no_real_model, jobs=args.jobs,
+                             as_json=args.json, record=args.record_durations)  # fmt: skip
     from maxtext_compat import demo
 
     return demo.run(as_json=args.json, steps=args.steps, quiet=not args.verbose, real=not args.no_real_model)
@@ -422,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--steps", type=int, default=16, help="greedy decode steps (default 16)")
     dm.add_argument("--verbose", action="store_true", help="third-party messages on the console, not in a log file")
     dm.add_argument("--no-real-model", action="store_true", help="leave out the real model (SmolLM2) section")
+    dm.add_argument("--all", action="store_true", help="in every MaxText environment of the matrix (make demo), "
+                    "each built if needed, at once as cores and memory allow; then what each proved")  # fmt: skip
+    dm.add_argument("--jobs", type=_positive_int, default=None,
+                    help="with --all: environments at once (default: the cores; memory permitting)")  # fmt: skip
+    dm.add_argument("--record-durations", action="store_true",
+                    help="with --all: save each passing one's seconds and peak memory")  # fmt: skip
     dm.set_defaults(func=_cmd_demo)
 
     cv = sub.add_parser(

@@ -204,7 +204,7 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     finally:
         cpu_serving.uninstall()
     with progress.stage("reference: transformers reading the same GGUF file"):
-        reference = rm.hf_greedy(rm.hf_reference(path, hf_reference_dir()).model, [ids], steps)[0]
+        reference = rm.reference_greedy(path, ids, steps, hf_reference_dir())
     return {
         "prompt": REAL_PROMPT,
         "completion": tokenizer.decode(ours),
@@ -218,22 +218,39 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def third_party_to_log(path: str) -> Iterator[TextIO]:
-    """Everything written to file descriptor 2 (vLLM, tpu-inference, transformers, JAX's fork warning) goes to
-    `path`; yields a stream on the real stderr for what the user must see (progress, our own errors)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    console = os.fdopen(os.dup(saved), "w", buffering=1)
-    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def third_party_to_log(path: str) -> Iterator[tuple[TextIO, TextIO]]:
+    """Everything written to file descriptors 1 and 2 goes to `path`; yields streams on the real stdout and stderr
+    for what the user must see (the result, progress, our own errors).
+
+    At the descriptor level, so the log gets what a Python `print` or `sys.stdout`/`sys.stderr` write sends there
+    (MaxText 0.1.0's config and mesh messages, tpu_info's libtpu canary verdict, warnings), what C code writes
+    (XLA, libtpu, protobuf) and what a child process inherits (tpu_info's canary, forked at its import). Both
+    descriptors share one open file, so the log keeps their order. `sys.stdout` and `sys.stderr` are flushed on
+    the way in (what was written before goes to the console) and on the way out (what a library left in their
+    buffers goes to the log, not to the console later)."""
+    _flush_std_streams()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    out = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    err = os.fdopen(os.dup(saved[2]), "w", buffering=1)
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
     try:
-        yield console
+        yield out, err
     finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        console.close()
+        _flush_std_streams()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        out.close()
+        err.close()
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # None, or closed by its owner
+            stream.flush()
 
 
 def run(
@@ -241,7 +258,9 @@ def run(
 ) -> int:
     """The demo; returns the exit code (0: both paths agree; 1: they differ; 2: cannot run here).
 
-    quiet: third-party messages go to a log file whose path is printed at the end (the CLI's default).
+    quiet: what MaxText, tpu_info, vLLM, tpu-inference, transformers and JAX write to stdout or stderr goes to a log
+    file whose path is printed at the end, also when the demo fails (the CLI's default); our own lines (the result,
+    the progress bar) stay on the console.
     real: False leaves the real model out (its section says so), for a suite that checks it elsewhere."""
     if not quiet:
         return _run(as_json=as_json, steps=steps, out=out, console=None, real=real)
@@ -249,12 +268,24 @@ def run(
 
     env = os.environ.get("MAXTEXT_COMPAT_ENV") or os.path.basename(sys.prefix)
     path = os.path.join(tempfile.gettempdir(), f"maxtext-compat-demo-{env}.log")
-    with third_party_to_log(path) as console:
-        code = _run(as_json=as_json, steps=steps, out=out, console=console, real=real)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = sum(1 for _ in f)
-    print(f"({lines} lines from vLLM, tpu-inference, transformers and JAX went to {path})", file=sys.stderr)
-    return code
+    try:
+        with third_party_to_log(path) as (stdout, stderr):
+            return _run(as_json=as_json, steps=steps, out=out if out is not None else stdout, console=stderr, real=real)
+    finally:
+        _say_where(path)
+
+
+LOG_NOTE = "lines from MaxText, tpu_info, vLLM, tpu-inference, transformers and JAX went to"
+
+
+def _say_where(path: str) -> None:
+    """The demo's last line on stderr: how many lines the log holds, and where it is."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = sum(1 for _ in f)
+    except OSError:  # the log could not be made: third_party_to_log raised that error already
+        return
+    print(f"({lines} {LOG_NOTE} {path})", file=sys.stderr)
 
 
 def _run(*, as_json: bool, steps: int, out: TextIO | None, console: TextIO | None, real: bool) -> int:

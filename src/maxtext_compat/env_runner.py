@@ -9,23 +9,21 @@ as failed, and a run can be split into shards that machines run apart (`shard`, 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from maxtext_compat import envs, workspace
 from maxtext_compat.atomic_file import PARTIAL_GLOB
-from maxtext_compat.envmemory import MEMORY_FILE, Admission, PeakSampler, memory_budget_gb, record_peaks, recorded_peaks
+from maxtext_compat.envmemory import MEMORY_FILE, PeakSampler, record_peaks, recorded_peaks, run_admitted
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import CompatMatrix
 from maxtext_compat.report.results import EnvResult, closing_line, main_exit_code, render_table, write_reports
 from maxtext_compat.workspace import Workspace
@@ -264,13 +262,19 @@ def record_durations(results: Sequence[EnvResult], path: Path | None = None) -> 
     """Write the seconds of this run's environments into the durations file, and their peak memory into
     tests/env_memory.json beside it (others are kept)."""
     p = path if path is not None else envs.project_root() / DURATIONS_FILE
-    p.parent.mkdir(parents=True, exist_ok=True)
-    data = {name: round(seconds) for name, seconds in expected_durations(p).items()}  # whole seconds, as written
     ok = [r for r in results if r.status == "ok"]
-    data.update({r.name: round(r.duration_s) for r in ok})
-    p.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+    record_seconds({r.name: r.duration_s for r in ok}, p)
     record_peaks({r.name: r.peak_memory_gb for r in ok if r.peak_memory_gb > 0}, p.with_name(Path(MEMORY_FILE).name))
     return p
+
+
+def record_seconds(seconds: dict[str, float], path: Path) -> Path:
+    """Write these environments' seconds into a durations file (others are kept), in whole seconds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {name: round(s) for name, s in expected_durations(path).items()}  # whole seconds, as written
+    data.update({name: round(s) for name, s in seconds.items()})
+    path.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 def schedule(names: Sequence[str], durations: dict[str, float]) -> list[str]:
@@ -363,7 +367,7 @@ def _run_parallel(
     jobs: int,
     ws: Workspace,
 ) -> list[EnvResult]:
-    lock, build_lock = threading.Lock(), threading.Lock()
+    lock, build_lock = fork_safe_lock(), fork_safe_lock()
 
     def say(msg: str) -> None:
         with lock:
@@ -394,14 +398,7 @@ def _run_parallel(
 
     order = schedule(selected, expected_durations(ws.durations_file))
     peaks = recorded_peaks(ws.memory_file) if ws.memory_file is not None else {}
-    gate = Admission(order, peaks, jobs, memory_budget_gb())
-    futures = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        while (name := gate.next()) is not None:  # waits until the next one's recorded peak fits
-            future = pool.submit(one, name)
-            future.add_done_callback(functools.partial(_finished, gate, name))
-            futures[name] = future
-        done = {n: f.result() for n, f in futures.items()}
+    done = run_admitted(order, peaks, jobs, one)
     return [done[n] for n in selected]
 
 
@@ -410,7 +407,3 @@ if __name__ == "__main__":  # pragma: no cover
     print(render_table(rs))
     print(closing_line(rs))
     sys.exit(main_exit_code(rs))
-
-
-def _finished(gate: Admission, name: str, _future: object) -> None:
-    gate.finished(name)

@@ -10,12 +10,17 @@ of those running plus its own fit the budget.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
+
+from maxtext_compat.locks import fork_safe_lock
 
 MEMORY_FILE = "tests/env_memory.json"
 BUDGET_VAR = "MAXTEXT_COMPAT_MEMORY_GB"
@@ -23,6 +28,7 @@ BUDGET_SHARE = 0.8  # of the machine's memory, when BUDGET_VAR is unset
 MAX_BUDGET_GB = float(1 << 20)  # 1 PiB: anything above is a typo
 UNKNOWN_PEAK_GB = 8.0  # an environment with no recorded peak counts as a heavy one
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+T = TypeVar("T")
 
 
 def _pss_bytes(pid: int, rss_bytes: int) -> int:
@@ -142,7 +148,7 @@ class Admission:
         self._peaks = {n: peaks.get(n, UNKNOWN_PEAK_GB) for n in order}
         self._jobs, self._budget = jobs, budget_gb
         self._running: set[str] = set()
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(fork_safe_lock())
 
     def _first_fitting(self) -> str | None:
         if len(self._running) >= self._jobs:
@@ -174,3 +180,23 @@ class Admission:
         with self._cond:
             self._running.discard(name)
             self._cond.notify_all()
+
+
+def run_admitted(
+    order: Sequence[str], peaks: dict[str, float], jobs: int, work: Callable[[str], T], budget_gb: float | None = None
+) -> dict[str, T]:
+    """`work(name)` for every name, at most `jobs` at once, each started by `Admission` (in `order`, when its
+    recorded peak fits `budget_gb`, default `memory_budget_gb()`); returns each name's result. The one scheduler of
+    the test matrix and of the demo in every environment. A `work` that raises raises here once all have ended."""
+    gate = Admission(order, peaks, jobs, memory_budget_gb() if budget_gb is None else budget_gb)
+
+    def finished(name: str, _future: Future[T]) -> None:
+        gate.finished(name)
+
+    futures: dict[str, Future[T]] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        while (name := gate.next()) is not None:  # waits until the next one's recorded peak fits
+            future = pool.submit(work, name)
+            future.add_done_callback(functools.partial(finished, name))
+            futures[name] = future
+    return {n: f.result() for n, f in futures.items()}

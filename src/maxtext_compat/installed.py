@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_compat.errors import InvalidArgumentError, ResolutionError, UnknownReleaseWarning, warn_at_call_site
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow, load_matrix
 from maxtext_compat.probes import package_dir
 from maxtext_compat.resolver import Resolution, resolve_versions
@@ -42,7 +42,7 @@ class InstalledResolution:
                 warnings.warn(str(w.message), w.category, stacklevel=3)
 
 
-_LOCK = threading.Lock()
+_LOCK = fork_safe_lock()
 _CACHE: dict[tuple[object, ...], InstalledResolution] = {}
 
 

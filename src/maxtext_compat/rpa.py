@@ -18,7 +18,6 @@ Importing this module imports neither jax nor tpu-inference; the first call does
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from maxtext_compat.installed_kernel import (
     installed_rpa,
     row_label,
 )
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import TpuInferenceRow
 from maxtext_compat.paged.checks import Scale, SoftCap, Window
 from maxtext_compat.paged.metadata import Metadata, metadata_arrays
@@ -163,7 +163,7 @@ def _is_default(value: Any, default: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-_JIT_LOCK = threading.Lock()
+_JIT_LOCK = fork_safe_lock()
 _JIT_CACHE: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from maxtext_compat.errors import InvalidArgumentError
+from maxtext_compat.locks import fork_safe_lock
 
 if TYPE_CHECKING:
     from maxtext_compat.serving.runtime import ServingRuntime
@@ -40,7 +40,7 @@ MODEL_CHOICES = ("compat", "maxtext")
 
 # A child of vLLM's logger, so the lines appear in the server log with vLLM's formatting.
 log = logging.getLogger("vllm.maxtext_compat")
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 
 
 @dataclass(frozen=True)

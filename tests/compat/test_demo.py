@@ -1,13 +1,18 @@
-"""`maxtext-compat demo` in each real environment: it runs start to end and both paths agree."""
+"""`maxtext-compat demo` in each real environment: it runs start to end, both paths agree, and its console holds
+only its own lines (what MaxText, tpu_info, vLLM and JAX write is in its log). One demo run serves both tests."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from maxtext_compat import demo
 
 pytestmark = pytest.mark.needs_maxtext
 
@@ -17,14 +22,20 @@ pytestmark = pytest.mark.needs_maxtext
 WITHOUT_REAL_MODEL = ("maxtext-0.2.5", "maxtext-0.1.0-jax011", "maxtext-0.2.3", "maxtext-0.2.2")
 
 
-def test_demo_runs_and_the_paged_and_dense_tokens_agree():
-    env = dict(os.environ)
+@pytest.fixture(scope="module")
+def demo_run() -> subprocess.CompletedProcess[str]:
+    """`maxtext-compat demo --json --steps 4` as `make demo` runs it (third-party output to the log), once."""
     elsewhere = os.environ.get("MAXTEXT_COMPAT_ENV") in WITHOUT_REAL_MODEL
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "maxtext_compat.cli", "demo", "--json", "--steps", "4",
          *(["--no-real-model"] if elsewhere else [])],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
+        capture_output=True, text=True, env=dict(os.environ), timeout=900, check=False,
     )  # fmt: skip
+
+
+def test_demo_runs_and_the_paged_and_dense_tokens_agree(demo_run):
+    proc = demo_run
+    elsewhere = os.environ.get("MAXTEXT_COMPAT_ENV") in WITHOUT_REAL_MODEL
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout[proc.stdout.index("{") :])
     summary = data["summary"]
@@ -61,3 +72,35 @@ def _has_smollm2() -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+# The demo's own lines on stderr: the progress bar (one line per stage, not a terminal here) and the log's note.
+PROGRESS_LINE = re.compile(r"\[[#-]{24}\] \d+/\d+ .+ \(\d+\.\d s\)")
+LOG_LINE = re.compile(rf"\((\d+) {re.escape(demo.LOG_NOTE)} (.+)\)")
+# What MaxText 0.1.0's config and mesh set-up print (its max_logging.log is a print to stdout).
+MAXTEXT_010_PRINTS = ("Updating keys from env and command line: [", "Running Model: default", "Num_devices: 1, shape (")
+# What tpu_info prints at its import where its libtpu canary (a forked child) fails, as it does next to MaxText 0.1.0.
+TPU_INFO_CANARY = "Check failed with unknown exit code: "
+
+
+def test_demo_console_holds_only_its_own_lines_and_the_log_the_rest(demo_run):
+    """Issue 39: MaxText 0.1.0's prints and tpu_info's canary verdict reached the console (stdout) while the demo said
+    third-party output went to its log. Whatever a library writes to stdout or stderr, from Python, C or a child
+    process, is in the log now; the console has the JSON document, the progress bar and the log's note only."""
+    proc = demo_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)  # stdout is the demo's JSON document and nothing else
+    *progress, note = proc.stderr.splitlines()
+    strays = [line for line in progress if not PROGRESS_LINE.fullmatch(line)]
+    assert not strays, strays
+    found = LOG_LINE.fullmatch(note)
+    assert found, note
+    with open(found[2], encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+    assert int(found[1]) == len(lines)  # the note counts what the log holds
+    log = "".join(lines)
+    if data["summary"]["maxtext_row"] == "0.1.0":
+        missing = [line for line in MAXTEXT_010_PRINTS if line not in log]
+        assert not missing, f"not in the demo's log {found[2]}: {missing}"
+        if importlib.util.find_spec("tpu_info") is not None:  # maxtext-0.1.0-jax011
+            assert TPU_INFO_CANARY in log

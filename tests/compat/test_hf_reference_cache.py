@@ -47,3 +47,26 @@ def test_a_new_reader_release_is_a_new_entry(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", real)
     monkeypatch.setattr(rm, "NEW_TOKENS", rm.NEW_TOKENS + 1)
     assert rm._reference_key(path) != key
+
+
+def test_the_demo_takes_a_stored_answer_without_transformers(reference, monkeypatch):
+    """`make demo` checks one prompt against transformers in five environments: a cache entry that holds that
+    prompt's answer gives it from the file's header (no model loaded, no torch); one it lacks is decoded."""
+    from maxtext_compat.env_runner import hf_reference_dir
+
+    cache = hf_reference_dir()
+    if cache is None:
+        pytest.skip("the caches are off (MAXTEXT_COMPAT_COMPILE_CACHE is empty)")
+    path = rm.smollm2_gguf()
+    ids = reference.prompt_ids[0]
+
+    def no_transformers(*args, **kwargs):
+        raise AssertionError("a stored answer was decoded again")
+
+    with monkeypatch.context() as m:
+        for name in ("hf_from_gguf", "_load_reference", "hf_greedy"):
+            m.setattr(rm, name, no_transformers)
+        assert rm.reference_greedy(path, ids, rm.NEW_TOKENS, cache) == reference.greedy[0]
+        assert rm.reference_greedy(path, ids, 4, cache) == reference.greedy[0][:4]  # greedy: the same start
+    other = [*ids, ids[-1]]  # a prompt the entry does not hold
+    assert rm.reference_greedy(path, other, 4, cache) == rm.hf_greedy(reference.model, [other], 4)[0]

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "envmemory",
         "atomic_file",
         "tempdirs",
+        "locks",
         "contract",
     ),
     ("versions",),  # installed distributions
@@ -57,6 +58,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "migrate",
         "doctor",
         "demo",
+        "demo_outcome",
+        "demo_all",
         "serve_cli",
         "vllm_plugin",
         "pytest_plugin",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import threading
 from typing import Any
 
 from maxtext_compat.adapters.rule_shims import RuleShimOf, call_rule_wrapper, is_rule_wrapper
@@ -23,10 +22,11 @@ from maxtext_compat.convention.kinds import CLASS_KINDS, kind_named
 from maxtext_compat.convention.rule import RULE_APPLIED, CallSite, call_rule, is_row_class, rule_shims_made
 from maxtext_compat.convention.signature import advertised_signature, kind_from_signature, native_signature
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.write_path import WRITE_PATH
 
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 _ADAPTED: dict[tuple[type, str, str], type] = {}
 _DECLARING: dict[tuple[type, str], type] = {}
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from maxtext_compat.contract import words
 from maxtext_compat.contract.hints import Culprit, ParamViolation, conf, explain, to_beartype
 from maxtext_compat.contract.rules import LAZY_TYPES
 from maxtext_compat.errors import CompatError, InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.locks import fork_safe_lock
 
 F = TypeVar("F")
 CONTRACT_ATTR = "__mc_contract__"
@@ -51,7 +51,7 @@ class Contract:
         self.module = module or fn.__module__  # a class's members: the class's (a NamedTuple's __new__ has none)
         self.signature = inspect.signature(fn)
         self._hints: dict[str, Any] | None = None
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
 
     @property
     def where(self) -> str:

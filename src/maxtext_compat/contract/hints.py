@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import collections.abc as abc
 import numbers
-import threading
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from maxtext_compat.contract.rules import Rule, is_int, is_number
+from maxtext_compat.locks import fork_safe_lock
 
 _CONF: Any = None
-_CONF_LOCK = threading.Lock()
+_CONF_LOCK = fork_safe_lock()
 _SEQUENCES = (abc.Sequence, abc.MutableSequence, abc.Collection, abc.Set, list, tuple, set, frozenset)
 _MAPPINGS = (abc.Mapping, abc.MutableMapping, dict)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import os
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 
 from maxtext_compat.contract import checked
 from maxtext_compat.errors import InvalidArgumentError
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import CALLER_CONVENTIONS, MaxTextRow
 from maxtext_compat.switches import env
 
@@ -42,7 +42,7 @@ class Declared:
 
 
 _scope: contextvars.ContextVar[Declared | None] = contextvars.ContextVar("maxtext_compat_caller", default=None)
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 _process: list[Declared] = []  # at most one: the process-wide declaration in code
 
 

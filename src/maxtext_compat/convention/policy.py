@@ -9,7 +9,6 @@ decodes garbage without an error).
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,13 +21,14 @@ from maxtext_compat.errors import (
     OldConventionError,
     user_frame,
 )
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import POLICIES, MaxTextRow
 from maxtext_compat.switches import env, env_flag
 
 POLICY_ENV = "MAXTEXT_COMPAT_DEPRECATION"
 STRICT_ENV = "MAXTEXT_COMPAT_STRICT"
 
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 _override: dict[str, object] = {}
 _seen_sites: set[tuple[str, int]] = set()
 

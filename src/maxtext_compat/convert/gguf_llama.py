@@ -163,8 +163,11 @@ def _dequantized(reader: Any) -> Iterator[tuple[str, np.ndarray]]:
 
 
 @checked
-def read_gguf(path: str | Path) -> LlamaCheckpoint:
-    """Read and dequantize a Llama-family GGUF file; every tensor checked against the metadata's shape."""
+def read_gguf(path: str | Path, reader: Any = None) -> LlamaCheckpoint:
+    """Read and dequantize a Llama-family GGUF file; every tensor checked against the metadata's shape.
+
+    `reader`: a `gguf.GGUFReader` of the file already open (parsing the file's metadata, the tokenizer's
+    49k-entry vocabulary included, takes seconds: a caller that also reads the tokenizer parses it once)."""
     import gguf
 
     p = Path(path)
@@ -172,7 +175,7 @@ def read_gguf(path: str | Path) -> LlamaCheckpoint:
         raise InvalidArgumentError(
             "no GGUF file there", argument="path", expected="a .gguf file", found=str(p), fix="pass the .gguf path"
         )
-    reader = gguf.GGUFReader(str(p))
+    reader = reader if reader is not None else gguf.GGUFReader(str(p))
     shape = read_shape(reader, str(p))
     tensors: dict[str, np.ndarray] = {}
     unknown = []

@@ -60,7 +60,7 @@ def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
 
         reader = gguf.GGUFReader(str(p))
         template = reader.fields.get("tokenizer.chat_template")
-        return read_gguf(p), tokenizer_from_gguf(reader), (template.contents() if template else None)
+        return read_gguf(p, reader), tokenizer_from_gguf(reader), (template.contents() if template else None)
     if p.is_dir():
         from maxtext_compat.convert.hf_dir import read_hf_dir
 

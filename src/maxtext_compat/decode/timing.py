@@ -11,17 +11,18 @@ sharding spelling or committedness changes, without any compile.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from maxtext_compat.locks import fork_safe_lock
 
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "/jax/core/compile/backend_compile_duration",
 )
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 _events = 0
 _installed = False
 

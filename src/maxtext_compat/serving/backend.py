@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import abc
 import importlib
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from maxtext_compat.errors import BackendUnavailableError, InvalidArgumentError
+from maxtext_compat.locks import fork_safe_lock
 
 if TYPE_CHECKING:
     from maxtext_compat.matrix import MaxTextRow
@@ -163,7 +163,7 @@ _ENTRIES: list[_Entry] = [
         "releases without a vLLM path (0.1.0), through maxtext_compat's backport",
     ),
 ]
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 _INSTANCES: dict[tuple[str, str], ServingBackend] = {}
 
 

@@ -7,11 +7,11 @@ from the matrix (`resolve()`), not from probing calls.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from maxtext_compat.errors import ResolutionError
+from maxtext_compat.locks import fork_safe_lock
 
 if TYPE_CHECKING:
     from maxtext_compat.resolver import Resolution
@@ -33,7 +33,7 @@ class ServingRuntime:
         )
 
 
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 _CURRENT: list[ServingRuntime | None] = [None]
 _FAILURE: list[BaseException | None] = [None]  # why this process cannot serve MaxText (set by the plugin)
 

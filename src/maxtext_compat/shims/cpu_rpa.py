@@ -26,12 +26,12 @@ import contextlib
 import importlib
 import logging
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import KernelUnavailableError, ShimRefusedError
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.shims import pallas_interpret_hbm as hbm
 from maxtext_compat.shims import pallas_interpret_views as views
 from maxtext_compat.shims import pallas_interpreter as interpreter
@@ -56,7 +56,7 @@ ENV_BLOCK_SIZES = {"DECODE": "1,64,1,64", "PREFILL": "8,64,8,64", "MIXED": "8,64
 TPU_CHIP = "TPU_V6E"  # VMEM size etc. the kernel asks for; any real chip works for interpret mode
 
 log = logging.getLogger(__name__)
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 _MISSING = object()
 
 

@@ -33,12 +33,12 @@ import logging
 import math
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import InvalidArgumentError, ServingConfigError
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.shims import profiles, rpa_mesh_limits
 from maxtext_compat.shims.cpu_kernel import (
     ATTENTION_INTERFACE,
@@ -66,7 +66,7 @@ COMPILER_OPTIONS = "tpu_inference.models.common.compiler_options"
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
 
 log = logging.getLogger(__name__)
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 
 
 @dataclass(frozen=True)

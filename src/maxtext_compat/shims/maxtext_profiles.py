@@ -10,7 +10,6 @@ core (atomic, reversible, listed by `maxtext-compat doctor`).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from maxtext_compat.backport.call import inner_call
@@ -19,6 +18,7 @@ from maxtext_compat.convention import declared as callers
 from maxtext_compat.convention.kinds import CLASS_KINDS
 from maxtext_compat.convention.rule import CallSite, call_rule, made_a_rule_shim, rule_applied_to
 from maxtext_compat.convention.signature import advertised_signature, native_signature
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.write_path import WRITE_PATH
 
@@ -26,7 +26,7 @@ BACKPORT = "vllm-backport"
 DEFECTS = "known-defects"
 CALL_RULE = "call-rule"
 TRAIN = "train"
-_registered = threading.Lock()
+_registered = fork_safe_lock()
 
 
 def _row() -> MaxTextRow:

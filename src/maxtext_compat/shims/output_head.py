@@ -23,17 +23,17 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.shims import profiles
 from maxtext_compat.shims.patching import Original, PatchSpec
 
 PROFILE = "serving-output-head"
 ATTRIBUTE = "maxtext_compat_rounded_head"  # the rounded copy, an nnx.Variable on the served Transformer
 log = logging.getLogger("vllm.maxtext_compat.output_head")
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 
 
 class RoundedTable:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from dataclasses import dataclass, field
 
 from maxtext_compat.contract import checked
+from maxtext_compat.locks import fork_safe_lock
 
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 _ACTIVE: dict[tuple[str, str], ActivePatch] = {}
 _ORDER: dict[tuple[str, str], int] = {}
 _COUNTER = itertools.count()
@@ -103,10 +103,3 @@ def active_patches() -> list[ActivePatch]:
     """
     with _LOCK:
         return [_ACTIVE[k] for k in sorted(_ACTIVE, key=lambda k: (k[0], _ORDER[k]))]
-
-
-# A fork while another thread holds the lock would leave the child's copy locked forever.
-# Registered before shims/patching/state.py registers its own (it imports this module), so the
-# before-fork hooks (run in reverse order) take patching's lock first, then this one: the
-# same order as every other code path.
-os.register_at_fork(before=_LOCK.acquire, after_in_parent=_LOCK.release, after_in_child=_LOCK.release)

@@ -21,12 +21,12 @@ import copy
 import functools
 import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from maxtext_compat.errors import RequestRefusedError
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.shims import profiles, seeded_sampling
 from maxtext_compat.shims.patching import Original, PatchSpec
 
@@ -38,7 +38,7 @@ SAMPLING_EPS = 1e-5  # vLLM's: below it a temperature means greedy
 SEED = "per-request-seed"
 
 log = logging.getLogger("vllm.maxtext_compat.serving_requests")
-_LOCK = threading.RLock()
+_LOCK = fork_safe_lock()
 
 
 # --------------------------------------------------------------------------------------------

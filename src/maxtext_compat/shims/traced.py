@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import gc
 import sys
-import threading
 
 from maxtext_compat.errors import TracedBeforeInstallWarning, warn_at_call_site
+from maxtext_compat.locks import fork_safe_lock
 
 _INTERNAL = ("jax", "jaxlib", "flax", "optax", "numpy")
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 _BEFORE: dict[str, tuple[str, ...]] = {}  # installed profile -> jitted functions compiled before it
 _SCANNED: set[str] = set()  # profiles whose first install was checked
 

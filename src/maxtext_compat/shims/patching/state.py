@@ -7,19 +7,19 @@ these; an installed layer describes itself through the same table, so they canno
 from __future__ import annotations
 
 import os
-import threading
 import types
 from dataclasses import dataclass
 from typing import Any
 
 import wrapt
 
-# Imported before the fork hook below is registered: registry's hook must be registered
-# first so the before-fork hooks (run in reverse order) take LOCK, then the registry lock.
+from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.shims import registry
 
-# One lock for every check-and-swap in the process (profiles.py takes it too, re-entrantly).
-LOCK = threading.RLock()
+# One lock for every check-and-swap in the process (profiles.py takes it too, re-entrantly). Like every
+# lock of the package it comes from maxtext_compat.locks, whose fork hook takes it around a fork: a
+# child never inherits it held by another thread, nor a check-and-swap half done.
+LOCK = fork_safe_lock()
 MARKER = "__maxtext_compat_patches__"
 
 
@@ -36,14 +36,11 @@ PID = [os.getpid()]  # refreshed after fork; os.getpid() per record is a syscall
 OURS: dict[int, Layer] = {}
 
 
-# A fork while another thread is inside a check-and-swap would leave the child's lock held
-# forever; taking it around fork makes the child inherit a consistent, unlocked state.
-def _after_fork_in_child() -> None:
+def _refresh_pid() -> None:
     PID[0] = os.getpid()
-    LOCK.release()
 
 
-os.register_at_fork(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=_refresh_pid)
 
 
 # --- installed layers -------------------------------------------------------------------
