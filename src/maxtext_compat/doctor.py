@@ -48,7 +48,18 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
     report["active_patches"] = _active_patches()
     report["traced_before_install"] = _traced_before_install()
     report["side_effects"] = side_effects()
+    report["fingerprint"] = _fingerprint(res)
     return report
+
+
+def _fingerprint(res: Resolution | None) -> dict[str, Any]:
+    """This process's plugin fingerprint (what a vLLM worker compares with the engine's): digest and fields."""
+    from maxtext_compat.serving import fingerprint, settings
+
+    try:
+        return fingerprint.current(resolution=res, model=settings.model_choice()).as_dict()
+    except CompatError as exc:  # a bad MAXTEXT_COMPAT_* setting: shown, not raised
+        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
 
 
 def _known_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
@@ -273,6 +284,12 @@ def render(report: dict[str, Any]) -> str:
     if fx["jax_lax_patched_by_maxtext"]:
         effects.append("jax.lax.with_sharding_constraint is MaxText's fallback wrapper (masks sharding errors)")
     lines.append("side effects: " + ("; ".join(effects) if effects else "none detected"))
+    fp = report.get("fingerprint") or {}
+    if "error" in fp:
+        lines.append(f"plugin fingerprint: ERROR {fp['error']['type']}: {fp['error']['message']}")
+    elif fp:
+        set_ = ", ".join(f"{k}={v}" for k, v in fp["settings"].items() if v is not None) or "all defaults"
+        lines.append(f"plugin fingerprint: {fp['digest']} (settings: {set_}; `doctor --json` has every field)")
     skipped = report.get("skipped") or []
     if skipped:
         lines.append("would be skipped:")

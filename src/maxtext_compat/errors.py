@@ -315,6 +315,23 @@ class ServingConfigError(ServingError, ValueError):
     """
 
 
+class PluginMismatchError(ServingConfigError):
+    """A vLLM worker's plugin state (matrix rows, versions, shim profiles, settings) differs from the engine's.
+
+    `host` is the worker's host; `differences` holds (field, engine's value, this process's value):
+
+    >>> from maxtext_compat.errors import PluginMismatchError
+    >>> err = PluginMismatchError("set up differently", host="w1", differences=[("settings.rpa_kernel", "xla", None)])
+    >>> err.host, err.differences[0][0], isinstance(err, ServingConfigError)
+    ('w1', 'settings.rpa_kernel', True)
+    """
+
+    def __init__(self, message: str, *, host: str, differences: list[tuple[str, Any, Any]], **kw: Any) -> None:
+        self.host = host
+        self.differences = list(differences)
+        super().__init__(message, **kw)
+
+
 class BackendUnavailableError(ServingError, LookupError):
     """No serving backend can run the installed MaxText release (e.g. the backport is not installed).
 

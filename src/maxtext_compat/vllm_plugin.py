@@ -24,19 +24,32 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.locks import fork_safe_lock
+from maxtext_compat.serving.settings import MODEL_CHOICES, MODEL_ENV, model_choice
+
+__all__ = [
+    "ARCHITECTURE",
+    "MODEL_CHOICES",
+    "MODEL_ENV",
+    "PluginState",
+    "engine_config_of_caller",
+    "join_engine",
+    "model_choice",
+    "new_model_design",
+    "register",
+    "state",
+]
 
 if TYPE_CHECKING:
     from maxtext_compat.serving.runtime import ServingRuntime
 
 ARCHITECTURE = "MaxTextForCausalLM"
-MODEL_ENV = "MAXTEXT_COMPAT_VLLM_MODEL"  # compat (default) | maxtext
-MODEL_CHOICES = ("compat", "maxtext")
 
 # A child of vLLM's logger, so the lines appear in the server log with vLLM's formatting.
 log = logging.getLogger("vllm.maxtext_compat")
@@ -50,6 +63,8 @@ class PluginState:
     reason: str = ""
     cpu_shim: str = ""
     pid: int = 0
+    role: str = ""  # "engine" | "worker": where vLLM called register() with its config at hand; "" elsewhere
+    fingerprint: str = ""  # this process's plugin fingerprint digest (serving.fingerprint), once registered
 
 
 _STATE: PluginState | None = None
@@ -59,20 +74,6 @@ def state() -> PluginState | None:
     """What `register()` did in this process (None: not called yet)."""
     with _LOCK:
         return _STATE
-
-
-def model_choice(raw: str | None = None) -> str:
-    raw = os.environ.get(MODEL_ENV, "") if raw is None else raw
-    value = raw.lower() or "compat"
-    if value not in MODEL_CHOICES:  # " maxtext" is refused (not read as the default), like every switch
-        raise InvalidArgumentError(
-            f"{MODEL_ENV} selects which MaxTextForCausalLM the plugin registers",
-            argument=MODEL_ENV,
-            expected=f"one of {list(MODEL_CHOICES)}",
-            found=repr(raw),
-            fix=f"unset {MODEL_ENV} to serve maxtext-compat's model",
-        )
-    return value
 
 
 def new_model_design(environ: Mapping[str, str] | None = None) -> bool:
@@ -92,7 +93,8 @@ def register() -> None:
     with _LOCK:
         if _STATE is not None and _STATE.pid == os.getpid():
             return
-        _STATE = _register()
+        config, role = engine_config_of_caller()
+        _STATE = _register(config, role)
         log.info(
             "maxtext_compat plugin (pid %d): %s%s",
             _STATE.pid,
@@ -101,7 +103,7 @@ def register() -> None:
         )
 
 
-def _register() -> PluginState:
+def _register(config: Any = None, role: str = "") -> PluginState:
     pid = os.getpid()
     missing = [name for name in ("tpu_inference", "vllm") if importlib.util.find_spec(name) is None]
     if missing:
@@ -115,6 +117,14 @@ def _register() -> PluginState:
         log.warning("maxtext_compat plugin %s", reason)
         return PluginState(False, None, reason, pid=pid)
 
+    from maxtext_compat.serving import settings
+
+    if config is not None:  # before anything reads a setting: vLLM's config reaches every host, the env may not
+        applied = settings.apply(getattr(config, "additional_config", None))
+        if applied:
+            log.info("maxtext_compat plugin: settings from additional_config[%r]: %s", settings.CONFIG_KEY,
+                     ", ".join(f"{k}={v}" for k, v in applied.items()))  # fmt: skip
+    _carry_settings_to_other_hosts()
     choice = model_choice()
     from maxtext_compat.shims import cpu_serving
 
@@ -177,7 +187,74 @@ def _register() -> PluginState:
 
         register_model(ARCHITECTURE, MaxTextForCausalLM)
         reason = f"registered maxtext_compat's {ARCHITECTURE} ({rt.describe()})"
-    return PluginState(True, choice, reason, shim_text, pid)
+    digest = join_engine(config, role, model=choice, resolution=rt.resolution) if config is not None else ""
+    return PluginState(True, choice, reason, shim_text, pid, role, digest)
+
+
+# Where vLLM calls load_general_plugins() with the engine's config as a local of the caller: (module, function).
+CONFIG_CALLERS = {
+    ("vllm.v1.engine.core", "__init__"): "engine",  # EngineCore.__init__(vllm_config, ...), before the executor
+    ("vllm.v1.worker.worker_base", "init_worker"): "worker",  # WorkerWrapperBase.init_worker, in each worker
+}
+MAX_FRAMES = 12
+
+
+def engine_config_of_caller() -> tuple[Any, str]:
+    """(vllm_config, "engine" | "worker") when vLLM's engine core or worker start-up called us, else (None, "").
+
+    vLLM calls a general plugin with no arguments; those two callers hold the config in a local named
+    `vllm_config` when they load the plugins (read, never changed, from their frames)."""
+    frame = sys._getframe(1)
+    for _ in range(MAX_FRAMES):
+        if frame is None:
+            break
+        role = CONFIG_CALLERS.get((frame.f_globals.get("__name__", ""), frame.f_code.co_name))
+        if role is not None:
+            config = frame.f_locals.get("vllm_config")
+            if config is not None and hasattr(config, "additional_config"):
+                return config, role
+        frame = frame.f_back  # type: ignore[assignment]
+    return None, ""
+
+
+def join_engine(config: Any, role: str, *, model: str | None = None, resolution: Any = None) -> str:
+    """The engine writes its plugin fingerprint into `config.additional_config`; a worker compares its own with it
+    (PluginMismatchError, naming the host and each differing field, when they differ). Returns this process's digest."""
+    from maxtext_compat.serving import fingerprint
+
+    mine = fingerprint.current(model=model, resolution=resolution)
+    additional = getattr(config, "additional_config", None)
+    if role == "engine":
+        if additional is None:
+            additional = config.additional_config = {}
+        additional[fingerprint.ENGINE_KEY] = mine.as_dict()
+        log.info("maxtext_compat plugin: engine fingerprint %s written to additional_config", mine.digest)
+    elif role == "worker":
+        engine = None if additional is None else additional.get(fingerprint.ENGINE_KEY)
+        if engine is None:
+            log.info("maxtext_compat plugin: no engine fingerprint in additional_config (the engine core did not "
+                     "load the plugin with its config: a forked engine core); fingerprint %s not compared",
+                     mine.digest)  # fmt: skip
+        else:
+            fingerprint.check_against(engine, mine)
+            log.info("maxtext_compat plugin: fingerprint %s agrees with the engine's", mine.digest)
+    return mine.digest
+
+
+def _carry_settings_to_other_hosts() -> None:
+    """Add the MAXTEXT_COMPAT_* settings to tpu-inference's `TpuPlatform.additional_env_vars`, the names its (and
+    vLLM's) Ray executor copies from the driver to every worker (a set variable only; idempotent)."""
+    from maxtext_compat.serving.settings import ENV_NAMES
+
+    try:
+        from vllm.platforms import current_platform
+
+        names = type(current_platform).additional_env_vars
+    except (ImportError, AttributeError, RuntimeError) as exc:
+        log.debug("maxtext_compat plugin: no additional_env_vars to extend (%s)", exc)
+        return
+    if isinstance(names, list):
+        names.extend(n for n in ENV_NAMES if n not in names)
 
 
 def _apply_shim_profile(rt: ServingRuntime) -> None:
