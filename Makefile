@@ -22,7 +22,7 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX ?= $(or $(MAXTEXT_COMPAT_COMPILE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/maxtext-compat)/pycache
 
-.PHONY: help setup envs demo test test-extended unit lint bench docs chromium clean tpu-wheels test-tpu bench-tpu
+.PHONY: help setup envs demo test test-extended unit lint bench docs chromium clean tpu-wheels test-accel bench-accel test-tpu bench-tpu
 
 help:
 	@echo "make demo   - set up, then run the main job"
@@ -30,9 +30,9 @@ help:
 	@echo "make bench  - benchmarks (writes build/bench.md)"
 	@echo "make docs   - the documentation site, strict (writes build/site/; open build/site/index.html)"
 	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; the 32-client load run; full-depth churn and fuzz"
-	@echo "make tpu-wheels - download the TPU tier's wheels the TPU machine lacks into build/tpu-parts/ (docs/tpu.md)"
-	@echo "make test-tpu   - install the TPU tier and run the tests marked tpu (MAXTEXT_COMPAT_TPU=dry: on a CPU)"
-	@echo "make bench-tpu  - the TPU figures into docs/tpu.md (MAXTEXT_COMPAT_TPU=dry: a labelled CPU rehearsal in build/tpu)"
+	@echo "make tpu-wheels - download the accelerator tier's wheels the TPU machine lacks into build/tpu-parts/ (docs/tpu.md)"
+	@echo "make test-accel - install the accelerator tier and run its tests on the TPU or GPU found (MAXTEXT_COMPAT_ACCEL=dry|dry-gpu: on a CPU; alias test-tpu)"
+	@echo "make bench-accel - its figures into docs/accelerators.md (MAXTEXT_COMPAT_ACCEL=dry|dry-gpu: a labelled CPU rehearsal in build/tpu; alias bench-tpu)"
 
 $(TOOLS)/bin/uv:
 	python3 -m venv $(TOOLS)
@@ -53,9 +53,10 @@ lint: setup
 	$(DEV)/bin/ruff format --check src tests benchmarks tools
 	$(DEV)/bin/mypy
 
-demo: envs
-	@for env in $$($(MC) envs --json | $(DEV)/bin/python -c 'import json,sys; print(" ".join(e["name"] for e in json.load(sys.stdin) if e["maxtext"]))'); do \
-	  echo; MAXTEXT_COMPAT_ENV=$$env .envs/$$env/bin/maxtext-compat demo || exit $$?; done
+# The demo in every MaxText environment that runs its test: only those environments are built (each just before
+# its demo), as many at once as cores and memory allow, then a table of what each proved (docs/getting-started.md).
+demo: setup
+	@PATH="$(dir $(UV)):$$PATH" $(MC) demo --all
 
 # The site is built first (a broken link, a missing page or a failing generator fails it in seconds); Chromium
 # opens the compat report page in tests/unit/test_report_page.py and photographs it at the end of the matrix.
@@ -84,15 +85,16 @@ test-extended: envs
 	  maxtext-0.2.3 maxtext-0.2.2 maxtext-0.1.0 maxtext-0.1.0-jax011 \
 	  --pytest-args -k "fuzzed_documents or real_profile_churns"
 
-# The TPU tier (docs/tpu.md): no environment of the matrix, only the interpreter the machine has (Python 3.11 with
-# its jax) plus tools/tpu/*.txt installed into build/tpu-site; make test deselects the tests marked tpu.
+# The accelerator tier (docs/accelerators.md, docs/tpu.md): no environment of the matrix, only the interpreter the
+# machine has (with its jax) plus tools/tpu/*.txt installed into build/tpu-site; make test deselects the tests
+# marked tpu. The TPU names are aliases.
 tpu-wheels:
 	tools/tpu/wheels.sh
 
-test-tpu:
+test-accel test-tpu:
 	tools/tpu/run.sh
 
-bench-tpu:
+bench-accel bench-tpu:
 	tools/tpu/bench.sh
 
 bench: envs

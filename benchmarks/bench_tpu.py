@@ -22,6 +22,7 @@ rehearsal, never a TPU figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -38,8 +39,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]  # bench_tpu_render; helpers (reference attention, torch aid)
 
-MODE = os.environ.get("MAXTEXT_COMPAT_TPU", "1")
-DRY = MODE == "dry"
+from helpers import accel_mode  # noqa: E402  (tests/ on the path above)
+
+MODE = accel_mode.mode() or "1"
+DRY = accel_mode.dry()
 HBM_PEAK_GBS = {"TPU v5 lite": 819.0, "TPU v5e": 819.0}  # HBM bandwidth per chip, GB/s
 
 
@@ -67,6 +70,7 @@ DRY_SHAPES = (
     Shape("mixed: decode, prefill 9 of 20, prefill 5, bf16", ((1, 30), (9, 20), (5, 5)), 8, 2, 128, "bfloat16"),
     Shape("SmolLM2 decode 4 x 20, 9q/3kv, hd64, f32", ((1, 20),) * 4, 9, 3, 64, "float32"),
 )
+SECTIONS = ("kernel", "step", "model")  # in the order `all` runs them; step: bench_accel_step.py
 # (calls per run, runs) for the kernel timings; (generations, prompts, tokens) for the model
 KERNEL_ROUNDS = (3, 3) if DRY else (50, 7)
 MODEL_RUNS, MODEL_PROMPTS, MODEL_TOKENS = (2, 2, 4) if DRY else (5, 4, 16)
@@ -90,9 +94,13 @@ def _start() -> dict[str, Any]:
     import jax
 
     backend = jax.default_backend()
-    if (backend == "tpu") == DRY:
-        raise SystemExit(f"bench_tpu: MAXTEXT_COMPAT_TPU={MODE} but jax's backend is {backend!r}")
-    if DRY:
+    if (backend in ("tpu", "gpu")) == DRY:
+        raise SystemExit(f"bench_tpu: {accel_mode.ENV}={MODE} but jax's backend is {backend!r}")
+    if accel_mode.without_pallas(backend):  # the GPU route: MaxText's vLLM attention on rpa_xla for this process
+        from helpers.xla_kernel import rpa_xla_bound
+
+        _PROCESS.enter_context(rpa_xla_bound())
+    elif DRY:
         from maxtext_compat.shims import cpu_rpa
 
         assert cpu_rpa.install().active
@@ -107,7 +115,8 @@ def _start() -> dict[str, Any]:
 
     dists = ("jax", "jaxlib", "libtpu", "flax", "maxtext", "tpu-inference", "vllm-tpu", "torch", "maxtext-compat")
     return {
-        "mode": "tpu" if backend == "tpu" else "dry",
+        "mode": "dry" if DRY else backend,
+        "pallas": not accel_mode.without_pallas(backend),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "device": jax.devices()[0].device_kind,
         "devices": len(jax.devices()),
@@ -115,6 +124,10 @@ def _start() -> dict[str, Any]:
         "versions": {d: version(d) for d in dists},
         "compilation_cache": jax.config.jax_compilation_cache_dir,
     }
+
+
+RESULT_RUN: dict[str, Any] = {}  # this run's facts (_start), for the sections
+_PROCESS = contextlib.ExitStack()  # what the GPU route binds for the whole run
 
 
 def _hbm() -> dict[str, float] | None:
@@ -260,6 +273,9 @@ def kernel_section(saved: Callable[[dict[str, Any]], None] = lambda _: None) -> 
     peak = HBM_PEAK_GBS.get(jax.devices()[0].device_kind)
     out: dict[str, Any] = {"peak_gbs": None if DRY else peak, "rounds": f"median of {runs} runs of {calls} calls",
                            "shapes": []}  # fmt: skip
+    if not RESULT_RUN.get("pallas", True):
+        out["skipped"] = accel_mode.PALLAS_REASON  # the raw kernel and the dispatcher on it: TPU only
+        return out
     for shape in DRY_SHAPES if DRY else TPU_SHAPES:
         start = time.perf_counter()
         try:
@@ -365,11 +381,14 @@ def model_section() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("section", choices=("kernel", "model", "all", "render"))
+    ap.add_argument("section", help="kernel, step, model or all, several joined by commas (kernel,step); or render")
     ap.add_argument("inputs", nargs="*", type=Path, help="render: the JSON files to render")
     ap.add_argument("--json", type=Path, help="where the figures go (kernel/model/all)")
     ap.add_argument("--doc", type=Path, default=Path("docs/tpu.md"), help="render: the page whose section is rewritten")
     a = ap.parse_intermixed_args(argv)
+    sections = SECTIONS if a.section == "all" else tuple(a.section.split(","))
+    if a.section != "render" and not set(sections) <= set(SECTIONS):
+        ap.error(f"section {a.section!r}: name {', '.join(SECTIONS)} or all (several joined by commas), or render")
     if a.section == "render":
         from bench_tpu_render import render_into
 
@@ -377,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.perf_counter()
     result: dict[str, Any] = {"run": _start()}
+    RESULT_RUN.update(result["run"])
 
     def save(section: str | None = None, part: dict[str, Any] | None = None) -> None:
         """Write what is measured so far (a call stopped at its limit still brings the finished shapes back)."""
@@ -387,9 +407,13 @@ def main(argv: list[str] | None = None) -> int:
             a.json.parent.mkdir(parents=True, exist_ok=True)
             a.json.write_text(json.dumps(result, indent=1, default=float), encoding="utf-8")
 
-    if a.section in ("kernel", "all"):
+    if "kernel" in sections:
         save("kernel", kernel_section(lambda part: save("kernel", part)))
-    if a.section in ("model", "all"):
+    if "step" in sections:
+        from bench_accel_step import step_section
+
+        save("step", step_section(lambda part: save("step", part)))
+    if "model" in sections:
         save("model", model_section())
     print(json.dumps(result, indent=1, default=float) if not a.json else f"[bench-tpu] {a.section}: {a.json} in "
           f"{result['run']['seconds']} s")  # fmt: skip

@@ -38,8 +38,10 @@ HAS_MAXTEXT = detect_import_root() is not None
 HAS_TPU_INFERENCE = importlib.util.find_spec("tpu_inference") is not None
 # Tests marked `extended` (real-model serving beyond make test's set) run only with this set to 1.
 EXTENDED_ENV = "MAXTEXT_COMPAT_EXTENDED"
-# Tests marked `tpu` (the TPU tier, tests/tpu) run only with this set to 1 (on a TPU) or dry (its CPU rehearsal).
-TPU_ENV = "MAXTEXT_COMPAT_TPU"
+# Tests marked `tpu` (the accelerator tier, tests/tpu) run only with MAXTEXT_COMPAT_ACCEL (or its older name
+# MAXTEXT_COMPAT_TPU) set to 1 (on a TPU or GPU), dry or dry-gpu (its CPU rehearsals). Read here as
+# tests/helpers/accel_mode.py reads it: test_suite_selection copies this file alone, without helpers/.
+ACCEL_ENV, ACCEL_OLD_ENV, ACCEL_MODES = "MAXTEXT_COMPAT_ACCEL", "MAXTEXT_COMPAT_TPU", ("1", "dry", "dry-gpu")
 
 
 @functools.cache  # one resolve per session, not one per marked test
@@ -94,8 +96,9 @@ def _why_inapplicable(item: pytest.Item) -> str | None:
         return f"a unit test: runs in the {UNIT_ENV} environment"
     if item.get_closest_marker("extended") is not None and os.environ.get(EXTENDED_ENV) != "1":
         return f"extended: runs with {EXTENDED_ENV}=1 (make test-extended)"
-    if item.get_closest_marker("tpu") is not None and os.environ.get(TPU_ENV) not in ("1", "dry"):
-        return f"the TPU tier: runs with {TPU_ENV}=1 on a TPU or =dry on a CPU (make test-tpu)"
+    accel = os.environ.get(ACCEL_ENV) or os.environ.get(ACCEL_OLD_ENV, "")
+    if item.get_closest_marker("tpu") is not None and accel not in ACCEL_MODES:
+        return f"the accelerator tier: runs with {ACCEL_ENV}=1 on a TPU or GPU, =dry on a CPU (make test-accel)"
     if item.get_closest_marker("needs_maxtext") is not None and not HAS_MAXTEXT:
         return "needs MaxText"
     if item.get_closest_marker("needs_tpu_inference") is not None and not HAS_TPU_INFERENCE:

@@ -14,7 +14,7 @@ import pytest
 
 from helpers.reference_attention import make_ragged_step, reference_ragged_attention
 
-pytestmark = pytest.mark.tpu
+pytestmark = [pytest.mark.tpu, pytest.mark.pallas]
 
 PAGES, PAGE, TOKENS, SEQS, PER_SEQ = 16, 16, 32, 4, 4
 BATCHES = {

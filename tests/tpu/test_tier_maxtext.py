@@ -26,5 +26,5 @@ def test_the_installed_release_is_the_tiers(tier):
 def test_paged_decode_on_the_kernel_equals_maxtexts_dense_decode(tier):
     from maxtext_compat import demo
 
-    result = demo.serving(_Quiet(), 8 if tier.tpu else 3)
+    result = demo.serving(_Quiet(), 8 if tier.accelerator else 3)
     assert result["all_tokens_match"], result["table"]

@@ -27,8 +27,8 @@ def run(tier) -> dict[str, Any]:
     from maxtext_compat.decode import PagedEngine
     from maxtext_compat.testing import real_model as rm
 
-    prompts = rm.PROMPTS if tier.tpu else rm.PROMPTS[:1]
-    new = rm.NEW_TOKENS if tier.tpu else 4
+    prompts = rm.PROMPTS if tier.accelerator else rm.PROMPTS[:1]
+    new = rm.NEW_TOKENS if tier.accelerator else 4
     ckpt, tokenizer = rm.smollm2()
     ids = [tokenizer.encode(p).ids for p in prompts]
     ref = rm.hf_reference(rm.smollm2_gguf(), tier.cache)  # transformers' reading, kept on a warm machine

@@ -27,7 +27,7 @@ from unittest import mock
 
 import pytest
 
-pytestmark = pytest.mark.tpu
+pytestmark = [pytest.mark.tpu, pytest.mark.pallas]
 
 NEW_TOKENS = 16
 MAX_LEN = 32

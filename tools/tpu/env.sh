@@ -1,11 +1,12 @@
 # Sourced by tools/tpu/run.sh and bench.sh (bash): the tier's interpreter settings, the same for tests and figures.
-# In: MAXTEXT_COMPAT_TPU (1 on a TPU, the default; dry on a CPU), TPU_SITE, TPU_DRY_SOCKETS, TPU_PYTHON.
+# In: MAXTEXT_COMPAT_ACCEL (1 on a TPU or GPU, the default; dry or dry-gpu on a CPU; MAXTEXT_COMPAT_TPU is its
+# older name), TPU_SITE, TPU_DRY_SOCKETS, TPU_PYTHON.
 # Out: PYTHONPATH (the installed stages first, the machine's own jax kept), JAX_PLATFORMS, JAX's compilation cache,
 # the TPU_* variables
 # tpu-inference reads instead of asking GCE's metadata server (no network there), and TPU_RUN: the command prefix
 # (in a dry run tools/tpu/nosocket.c, which refuses every IP socket as the TPU machine does; TPU_DRY_SOCKETS=1
 # keeps them).
-export MAXTEXT_COMPAT_TPU=${MAXTEXT_COMPAT_TPU:-1}
+export MAXTEXT_COMPAT_ACCEL=${MAXTEXT_COMPAT_ACCEL:-${MAXTEXT_COMPAT_TPU:-1}}
 TPU_SITE=${TPU_SITE:-build/tpu-site}
 export PYTHONPATH=$TPU_SITE-project:$TPU_SITE:$TPU_SITE-model${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TPU_NAME=${TPU_NAME:-local} TPU_WORKER_ID=${TPU_WORKER_ID:-0}
@@ -15,7 +16,7 @@ export PYTHONUNBUFFERED=1 TPU_NAME=${TPU_NAME:-local} TPU_WORKER_ID=${TPU_WORKER
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/build/tpu/jax-cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0}
 TPU_RUN=("${TPU_PYTHON:-python3}")
-if [ "$MAXTEXT_COMPAT_TPU" = dry ]; then
+if [ "$MAXTEXT_COMPAT_ACCEL" != 1 ]; then  # dry, dry-gpu: the CPU rehearsals
   export JAX_PLATFORMS=cpu TPU_ACCELERATOR_TYPE=${TPU_ACCELERATOR_TYPE:-cpu}
   if [ "${TPU_DRY_SOCKETS:-0}" != 1 ]; then
     mkdir -p build/tpu
@@ -27,5 +28,11 @@ if [ "$MAXTEXT_COMPAT_TPU" = dry ]; then
     fi
   fi
 else
-  export JAX_PLATFORMS=${JAX_PLATFORMS:-tpu,cpu}  # cpu: host callbacks (the traced KV-write check) run there
+  # The accelerator this interpreter has (JAX_PLATFORMS may name only platforms that start), and cpu: host
+  # callbacks (the traced KV-write check) run there.
+  if [ -z "${JAX_PLATFORMS:-}" ]; then
+    found=$("${TPU_PYTHON:-python3}" -c 'import importlib.util as u
+print("tpu" if u.find_spec("libtpu") else "cuda" if u.find_spec("jax_cuda13_plugin") or u.find_spec("jax_cuda12_plugin") else "")')
+    export JAX_PLATFORMS=${found:+$found,}cpu
+  fi
 fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# make test-tpu: install the tier (tools/tpu/install.sh) and run the tests marked `tpu` (tests/tpu) in one process
-# (tools/tpu/session.py: one program at a time may hold the chip). MAXTEXT_COMPAT_TPU=1 on a TPU (the default), =dry
-# on a CPU: the rehearsal with the kernel interpreted and, where a C compiler is found, every IP socket refused as on
-# the TPU machine (tools/tpu/env.sh).
+# make test-accel (make test-tpu): install the tier (tools/tpu/install.sh) and run the tests marked `tpu`
+# (tests/tpu) in one process (tools/tpu/session.py: one program at a time may hold the chip).
+# MAXTEXT_COMPAT_ACCEL=1 on a TPU or GPU (the default; a GPU deselects the tests marked `pallas`), =dry on a CPU: the
+# TPU route with the kernel interpreted and, where a C compiler is found, every IP socket refused as on the TPU
+# machine (tools/tpu/env.sh); =dry-gpu: the GPU route on a CPU (no Pallas, rpa_xla).
 # usage: tools/tpu/run.sh [core|model|all] [pytest args ...]   (all: both stages, in session.py's order)
 #   core   the kernel vs float64, rpa_xla, MaxText's layers native vs the layer (HLO counts), the tiny model's decode
 #   model  SmolLM2 vs transformers (paged and dense), vllm.LLM in-process
@@ -26,5 +27,5 @@ source tools/tpu/env.sh > >(tee -a "$LOG")
 set +e
 "${TPU_RUN[@]}" tools/tpu/session.py "$STAGE" --junit "$DEST/junit-$STAGE.xml" -- "$@" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
-echo "[test-tpu] stage $STAGE, mode ${MAXTEXT_COMPAT_TPU}, exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
+echo "[test-accel] stage $STAGE, mode ${MAXTEXT_COMPAT_ACCEL}, exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 exit "$rc"
