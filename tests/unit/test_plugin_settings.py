@@ -30,8 +30,11 @@ PARTS = dict(rows={"maxtext": "0.2.5", "tpu_inference": ">=0.32.0"}, versions={"
 
 
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every setting unset, and restored after the test even where settings.apply() writes os.environ itself
+    (a delenv of an absent variable records nothing: the set first makes monkeypatch remember it)."""
     for name in settings.ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 def test_the_registry_names_every_setting_the_serving_path_reads() -> None:

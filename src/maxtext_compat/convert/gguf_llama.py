@@ -163,11 +163,8 @@ def _dequantized(reader: Any) -> Iterator[tuple[str, np.ndarray]]:
 
 
 @checked
-def read_gguf(path: str | Path, reader: Any = None) -> LlamaCheckpoint:
-    """Read and dequantize a Llama-family GGUF file; every tensor checked against the metadata's shape.
-
-    `reader`: a `gguf.GGUFReader` of the file already open (parsing the file's metadata, the tokenizer's
-    49k-entry vocabulary included, takes seconds: a caller that also reads the tokenizer parses it once)."""
+def read_gguf(path: str | Path) -> LlamaCheckpoint:
+    """Read and dequantize a Llama-family GGUF file; every tensor checked against the metadata's shape."""
     import gguf
 
     p = Path(path)
@@ -175,7 +172,12 @@ def read_gguf(path: str | Path, reader: Any = None) -> LlamaCheckpoint:
         raise InvalidArgumentError(
             "no GGUF file there", argument="path", expected="a .gguf file", found=str(p), fix="pass the .gguf path"
         )
-    reader = reader if reader is not None else gguf.GGUFReader(str(p))
+    return checkpoint_from_reader(gguf.GGUFReader(str(p)), p)
+
+
+def checkpoint_from_reader(reader: Any, p: Path) -> LlamaCheckpoint:
+    """read_gguf's work on a `gguf.GGUFReader` of `p` the caller already opened (parsing the file's metadata, the
+    tokenizer's 49k-entry vocabulary included, takes seconds: convert.job also reads the tokenizer from it)."""
     shape = read_shape(reader, str(p))
     tensors: dict[str, np.ndarray] = {}
     unknown = []

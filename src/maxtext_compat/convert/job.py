@@ -55,12 +55,13 @@ def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
     if _is_gguf(p):
         import gguf
 
-        from maxtext_compat.convert.gguf_llama import read_gguf
+        from maxtext_compat.convert.gguf_llama import checkpoint_from_reader
         from maxtext_compat.convert.gguf_tokenizer import tokenizer_from_gguf
 
         reader = gguf.GGUFReader(str(p))
         template = reader.fields.get("tokenizer.chat_template")
-        return read_gguf(p, reader), tokenizer_from_gguf(reader), (template.contents() if template else None)
+        chat = template.contents() if template else None
+        return checkpoint_from_reader(reader, p), tokenizer_from_gguf(reader), chat
     if p.is_dir():
         from maxtext_compat.convert.hf_dir import read_hf_dir
 
