@@ -31,9 +31,11 @@ from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
-import bench_tpu as bt
+from bench_timing import Cached, hbm, median_call
 
-DRY = bt.DRY
+from helpers import accel_mode
+
+DRY = accel_mode.dry()
 SHAPES = ((1, 32), (4, 64)) if DRY else ((1, 512), (8, 512), (32, 512), (1, 2048), (8, 2048), (32, 2048))
 LAYER = (
     {"base_emb_dim": 256, "base_num_query_heads": 4, "base_num_kv_heads": 2, "base_mlp_dim": 512}
@@ -81,7 +83,7 @@ def _timed_loop(
     over ROUNDS[1] runs."""
     import jax
 
-    with bt._Cached() as c:
+    with Cached() as c:
         start = time.perf_counter()
         out, carry = step(carry)
         jax.block_until_ready((out, carry))
@@ -221,7 +223,7 @@ def _shape(batch: int, context: int) -> dict[str, Any]:
         "batch": batch, "context": context, "kv_bytes": kv_bytes, "rows": rows,
         "wrap_over_native": routes["through wrap(), KV-write check on"][3] / base,
         "wrap_check_off_over_native": routes["through wrap(), check off"][3] / base,
-        "rpa_xla_over_dense": xla / dense, "kernel_over_dense": base / dense, "hbm_gib": bt._hbm(),
+        "rpa_xla_over_dense": xla / dense, "kernel_over_dense": base / dense, "hbm_gib": hbm(),
     }  # fmt: skip
 
 
@@ -234,8 +236,8 @@ def copy_ceiling() -> dict[str, Any]:
     add = jax.jit(lambda a: a + jnp.bfloat16(1))
     total = jax.jit(lambda a: jnp.sum(a, dtype=jnp.float32))
     calls, runs = (2, 2) if DRY else (20, 5)
-    copy_s = bt._median_call(lambda: add(x), calls, runs)[0]
-    read_s = bt._median_call(lambda: total(x), calls, runs)[0]
+    copy_s = median_call(lambda: add(x), calls, runs)[0]
+    read_s = median_call(lambda: total(x), calls, runs)[0]
     copy_gbs, read_gbs = 2 * COPY_BYTES / copy_s / 1e9, COPY_BYTES / read_s / 1e9
     return {"bytes": COPY_BYTES, "copy_gbs": copy_gbs, "read_gbs": read_gbs, "ceiling_gbs": max(copy_gbs, read_gbs)}
 

@@ -39,6 +39,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]  # bench_tpu_render; helpers (reference attention, torch aid)
 
+from bench_timing import Cached, count_cache_events, first_call, hbm, median_call  # noqa: E402  (path above)
+
 from helpers import accel_mode  # noqa: E402  (tests/ on the path above)
 
 MODE = accel_mode.mode() or "1"
@@ -104,7 +106,7 @@ def _start() -> dict[str, Any]:
         from maxtext_compat.shims import cpu_rpa
 
         assert cpu_rpa.install().active
-    _count_cache_events()
+    count_cache_events()
     import importlib.metadata
 
     def version(dist: str) -> str | None:
@@ -128,71 +130,6 @@ def _start() -> dict[str, Any]:
 
 RESULT_RUN: dict[str, Any] = {}  # this run's facts (_start), for the sections
 _PROCESS = contextlib.ExitStack()  # what the GPU route binds for the whole run
-
-
-def _hbm() -> dict[str, float] | None:
-    """GiB in use and peak on device 0 (None where the backend keeps no statistics, as on CPU)."""
-    import jax
-
-    stats = jax.devices()[0].memory_stats()
-    if not stats:
-        return None
-    gib = 1 << 30
-    return {k: round(stats[k] / gib, 3) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit") if k in stats}
-
-
-def _median_call(fn: Callable[[], Any], calls: int, runs: int) -> tuple[float, float, float]:
-    """(median, min, max) seconds per call over `runs` runs of `calls` calls each (the outputs ready at the end)."""
-    import jax
-
-    per_call = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = None
-        for _ in range(calls):
-            out = fn()
-        jax.block_until_ready(out)
-        per_call.append((time.perf_counter() - start) / calls)
-    return statistics.median(per_call), min(per_call), max(per_call)
-
-
-# persistent compilation cache (tools/tpu/env.sh turns it on): programs loaded from it, programs compiled
-_CACHE = {"/jax/compilation_cache/cache_hits": 0, "/jax/compilation_cache/cache_misses": 0}
-
-
-def _count_cache_events() -> None:
-    import jax
-
-    def listener(event: str, **_: Any) -> None:
-        if event in _CACHE:
-            _CACHE[event] += 1
-
-    jax.monitoring.register_event_listener(listener)
-
-
-class _Cached:
-    """Around a first call: True when every program it needed came from the cache (its seconds are no compile
-    time), False when any was compiled."""
-
-    def __enter__(self) -> _Cached:
-        self.before = dict(_CACHE)
-        self.cached = False
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        hits, misses = (_CACHE[k] - self.before[k] for k in _CACHE)
-        self.cached = hits > 0 and misses == 0
-
-
-def _first_call(fn: Callable[[], Any]) -> tuple[float, bool]:
-    """(seconds of the first call: trace, lower, compile, run; whether its programs all came from the cache)."""
-    import jax
-
-    with _Cached() as c:
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        seconds = time.perf_counter() - start
-    return seconds, c.cached
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,7 +176,7 @@ def _kernel_shape(shape: Shape) -> dict[str, Any]:
     }  # fmt: skip
     if not shape.eager:
         del calls["dispatcher, called as a function"]
-    firsts = {name: _first_call(fn) for name, fn in calls.items()}  # name -> (seconds, from the cache)
+    firsts = {name: first_call(fn) for name, fn in calls.items()}  # name -> (seconds, from the cache)
     outs = {name: jax.block_until_ready(fn()) for name, fn in calls.items()}
     n = step.metadata.num_tokens
     ref_out, ref_cache = (np.asarray(x) for x in outs["raw kernel"])
@@ -251,7 +188,7 @@ def _kernel_shape(shape: Shape) -> dict[str, Any]:
         agree[name] = {"max_abs_diff": diff, "caches_equal": same_cache}
         if not (diff <= tol and same_cache):
             raise AssertionError(f"{shape.name}: {name} disagrees with the raw kernel ({agree[name]}): no figure")
-    timed = {name: _median_call(fn, *KERNEL_ROUNDS) for name, fn in calls.items()}
+    timed = {name: median_call(fn, *KERNEL_ROUNDS) for name, fn in calls.items()}
     itemsize = jnp.dtype(shape.dtype).itemsize
     kv_bytes = sum(kv for _, kv in shape.lens) * 2 * shape.kv_heads * shape.head_dim * itemsize
     base = timed["raw kernel"][0]
@@ -262,7 +199,7 @@ def _kernel_shape(shape: Shape) -> dict[str, Any]:
             "kv_gbs": kv_bytes / med / 1e9, "first_call_s": firsts[name][0], "cached": firsts[name][1],
             **agree[name],
         })  # fmt: skip
-    return {"shape": shape.name, "kv_bytes": kv_bytes, "rows": rows, "hbm_gib": _hbm()}
+    return {"shape": shape.name, "kv_bytes": kv_bytes, "rows": rows, "hbm_gib": hbm()}
 
 
 def kernel_section(saved: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
@@ -309,7 +246,7 @@ def _native_engine(model: Any, **kwargs: Any) -> Any:
 
 
 def _paged_figures(engine: Any, ids: list[list[int]]) -> dict[str, Any]:
-    with _Cached() as c:
+    with Cached() as c:
         first = time.perf_counter()
         gen = engine.generate(ids, MODEL_TOKENS - 1)
         first = time.perf_counter() - first
@@ -345,10 +282,10 @@ def model_section() -> dict[str, Any]:
     out["native"] = _paged_figures(_native_engine(served, num_pages=16, page_size=16), ids)
     if out["layer"]["tokens"] != out["native"]["tokens"]:
         raise AssertionError(f"native {out['native']['tokens']} != layer {out['layer']['tokens']}: no figure")
-    out["paged_hbm_gib"] = _hbm()
+    out["paged_hbm_gib"] = hbm()
     del served
     cfg, mesh, model = rm.maxtext_model(ckpt)
-    with _Cached() as c:
+    with Cached() as c:
         start = time.perf_counter()
         dense_tokens = rm.maxtext_greedy(cfg, mesh, model, ids, MODEL_TOKENS)
         first = time.perf_counter() - start
@@ -368,7 +305,7 @@ def model_section() -> dict[str, Any]:
         "end_to_end_tokens_per_s": len(ids) * MODEL_TOKENS / statistics.median(walls),
         "compile_s": max(first - statistics.median(walls), 0.0), "first_generate_s": first, "cached": cached,
     }  # fmt: skip
-    out["dense_hbm_gib"] = _hbm()
+    out["dense_hbm_gib"] = hbm()
     out["paged_equals_dense"] = out["layer"]["tokens"] == dense_tokens
     out["layer_over_native_tokens_per_s"] = out["layer"]["decode_tokens_per_s"] / out["native"]["decode_tokens_per_s"]
     return out
