@@ -320,7 +320,7 @@ class PluginMismatchError(ServingConfigError):
 
     `host` is the worker's host; `differences` holds (field, engine's value, this process's value):
 
-    >>> from maxtext_compat.errors import PluginMismatchError
+    >>> from maxtext_compat.errors import PluginMismatchError, ServingConfigError
     >>> err = PluginMismatchError("set up differently", host="w1", differences=[("settings.rpa_kernel", "xla", None)])
     >>> err.host, err.differences[0][0], isinstance(err, ServingConfigError)
     ('w1', 'settings.rpa_kernel', True)
