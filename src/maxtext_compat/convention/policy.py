@@ -104,16 +104,21 @@ def effective_policy(row: MaxTextRow, override: str | None = None) -> str:
         return override
     forced = _override.get("policy") or env(POLICY_ENV)
     if forced:
-        if forced not in POLICIES:
-            raise InvalidArgumentError(
-                f"{POLICY_ENV} is not a policy",
-                argument=POLICY_ENV,
-                expected=f"one of {list(POLICIES)}",
-                found=repr(forced),
-                fix=f"set {POLICY_ENV} to ignore, warn or error, or unset it to use the matrix row's policy",
-            )
-        return str(forced)
+        return check_policy(str(forced))
     return row.deprecation.policy
+
+
+def check_policy(raw: str) -> str:
+    """`raw` as the process's deprecation policy (MAXTEXT_COMPAT_DEPRECATION), or the typed error naming it."""
+    if raw not in POLICIES:
+        raise InvalidArgumentError(
+            f"{POLICY_ENV} is not a policy",
+            argument=POLICY_ENV,
+            expected=f"one of {list(POLICIES)}",
+            found=repr(raw),
+            fix=f"set {POLICY_ENV} to ignore, warn or error, or unset it to use the matrix row's policy",
+        )
+    return raw
 
 
 def effective_strict(override: bool | None = None) -> bool:

@@ -78,18 +78,9 @@ def _convention(raw: str) -> object:
 
 
 def _deprecation(raw: str) -> object:
-    from maxtext_compat.convention.policy import POLICY_ENV
-    from maxtext_compat.matrix import POLICIES
+    from maxtext_compat.convention.policy import check_policy
 
-    if raw not in POLICIES:
-        raise InvalidArgumentError(
-            f"{POLICY_ENV} is not a policy",
-            argument=POLICY_ENV,
-            expected=f"one of {list(POLICIES)}",
-            found=repr(raw),
-            fix=f"set {POLICY_ENV} to ignore, warn or error, or unset it to use the matrix row's policy",
-        )
-    return raw
+    return check_policy(raw)
 
 
 @dataclass(frozen=True)
