@@ -20,8 +20,13 @@ PALLAS_REASON = "needs the Pallas TPU kernel or vllm-tpu, which run on a TPU onl
 
 
 def mode() -> str:
-    """The mode set ('' when the tier is not asked for)."""
-    return os.environ.get(ENV) or os.environ.get(OLD_ENV, "")
+    """The mode set ('' when the tier is not asked for); any other value is refused, naming the variable (a typo
+    such as `tpu` would otherwise run the tier as an accelerator run, or not at all)."""
+    raw = os.environ.get(ENV) or os.environ.get(OLD_ENV, "")
+    if raw not in ("", *MODES):
+        name = ENV if os.environ.get(ENV) else OLD_ENV
+        raise ValueError(f"{name}={raw!r} names no mode of the accelerator tier: expected one of {list(MODES)}")
+    return raw
 
 
 def dry() -> bool:
