@@ -32,9 +32,10 @@ RECORDED_TIMES = "<!-- recorded-times -->"
 
 
 def _report_page() -> str:
+    from maxtext_compat import env_runner
     from maxtext_compat.report import page
 
-    durations = json.loads((REPO / "tests" / "env_durations.json").read_text(encoding="utf-8"))
+    durations = env_runner.expected_durations(REPO / env_runner.DURATIONS_FILE, cold=True)  # a fresh machine's plan
     return page.site_page(BUILD, durations, docs_pages.ci_matrix())  # the environments `make test` runs
 
 
@@ -106,12 +107,17 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
 
 
 def recorded_times() -> str:
-    """tests/env_durations.json and tests/env_memory.json as one table, with the sum of the times."""
-    durations = json.loads((REPO / "tests" / "env_durations.json").read_text(encoding="utf-8"))
+    """tests/env_durations.json (cold and warm) and tests/env_memory.json as one table, with the sums of the times."""
+    from maxtext_compat import envdurations
+
+    recorded = envdurations.read(REPO / "tests" / "env_durations.json")
     memory = json.loads((REPO / "tests" / "env_memory.json").read_text(encoding="utf-8"))
-    lines = ["| environment | test time (s) | peak memory (GB) |", "|---|---:|---:|"]
-    for name in sorted(durations, key=lambda n: -durations[n]):
-        lines.append(f"| `{name}` | {durations[name]:.0f} | {memory.get(name, float('nan')):.1f} |")
-    total = sum(durations.values())
-    lines += ["", f"In all {total:.0f} s ({total / 60:.1f} min) of test time in {len(durations)} environments."]
+    lines = ["| environment | cold cache (s) | warm cache (s) | peak memory (GB) |", "|---|---:|---:|---:|"]
+    shown = lambda s: "-" if s is None else f"{s:.0f}"  # noqa: E731
+    for name in sorted(recorded, key=lambda n: -recorded[n].longest()):
+        r = recorded[name]
+        lines.append(f"| `{name}` | {shown(r.cold)} | {shown(r.warm)} | {memory.get(name, float('nan')):.1f} |")
+    for case in (envdurations.COLD, envdurations.WARM):
+        total = sum(r.planned(case == envdurations.COLD) for r in recorded.values())
+        lines.append(f"\nIn all, {case}: {total:.0f} s ({total / 60:.1f} min) in {len(recorded)} environments.")
     return "\n".join(lines)

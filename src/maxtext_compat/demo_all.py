@@ -25,15 +25,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from maxtext_compat import envs
+from maxtext_compat import envdurations, envs
 from maxtext_compat.demo import LOG_NOTE, render
 from maxtext_compat.demo_outcome import DemoRun, closing, exit_code, proved, table
 from maxtext_compat.env_runner import (
     ENV_NAME_VAR,
     bytecode_cache_env,
+    cache_is_cold,
     compile_cache_env,
     expected_durations,
-    record_seconds,
     schedule,
 )
 from maxtext_compat.envmemory import PeakSampler, record_peaks, recorded_peaks, run_admitted
@@ -233,6 +233,7 @@ def main(ws: Workspace, *, steps: int = 16, real: bool = True, jobs: int | None 
     jobs = jobs if jobs is not None else max(1, os.cpu_count() or 1)
     names = demo_environments(ws.matrix)
     seconds_file, peaks_file = records(ws)
+    cold = {n for n in names if cache_is_cold(n)}  # nothing else writes an environment's cache before its demo
     order = schedule(names, expected_durations(seconds_file) if seconds_file is not None else {})
     peaks = recorded_peaks(peaks_file) if peaks_file is not None else {}
     err.write(f"[demo] {len(names)} environments, {jobs} at most at once, longest first: {' '.join(order)}\n")
@@ -248,7 +249,7 @@ def main(ws: Workspace, *, steps: int = 16, real: bool = True, jobs: int | None 
         out.write(f"\n{table(runs)}\n{closing(runs, wall, jobs)}\n")
     if record and seconds_file is not None and peaks_file is not None:
         ok = [r for r in runs if r.ok]
-        record_seconds({r.name: r.demo_seconds for r in ok}, seconds_file)
+        envdurations.write(seconds_file, {r.name: r.demo_seconds for r in ok}, cold=cold & {r.name for r in ok})
         record_peaks({r.name: r.peak_gb for r in ok if r.peak_gb > 0}, peaks_file)
         err.write(f"[demo] seconds and peaks recorded in {seconds_file} and {peaks_file}\n")
     return exit_code(runs)

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from maxtext_compat import envs, workspace
+from maxtext_compat import envdurations, envs, workspace
 from maxtext_compat.atomic_file import PARTIAL_GLOB
 from maxtext_compat.envmemory import MEMORY_FILE, PeakSampler, record_peaks, recorded_peaks, run_admitted
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
@@ -29,8 +29,8 @@ from maxtext_compat.report.results import EnvResult, closing_line, main_exit_cod
 from maxtext_compat.workspace import Workspace
 
 ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
-# Seconds each environment's suite took on the reference 2-core machine: the longest start first, so
-# two workers finish together (the same idea as pytest-split's committed .test_durations file).
+# Seconds each environment's suite took on the reference 2-core machine, cold and warm (envdurations): the longest
+# start first, so workers finish together (the same idea as pytest-split's committed .test_durations file).
 DURATIONS_FILE = "tests/env_durations.json"
 # A persistent XLA compilation cache outside the tree (beside uv's cache): a warm rerun skips compiles.
 COMPILE_CACHE_VAR = "MAXTEXT_COMPAT_COMPILE_CACHE"
@@ -112,13 +112,14 @@ def run_env(
     env.pop("VIRTUAL_ENV", None)
     env.update(compile_cache_env(name))
     env.update(bytecode_cache_env())
+    res.cold_cache = envdurations.cache_is_cold(compile_cache_dir(name))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     # An environment that lists its test files runs only those (a kernel-only one has no MaxText to test).
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args, *spec.tests]
     log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-    limit = env_timeout(name, expected_durations(ws.durations_file))
+    limit = env_timeout(name, longest_durations(ws.durations_file))
     with output.open("w", encoding="utf-8") if output else contextlib.nullcontext() as fh:
         # Its own process group: a hung run is stopped with everything it started (vllm servers, partners).
         proc = subprocess.Popen(
@@ -156,9 +157,9 @@ def run_env(
 
 
 def env_timeout(name: str, durations: dict[str, float] | None = None) -> float:
-    """Seconds an environment's pytest may run: MAXTEXT_COMPAT_ENV_TIMEOUT, else 4x its recorded time (at least
-    30 min; an hour when none is recorded). A hang (an interpreter deadlock, a server that never answers) ends
-    as a failed environment instead of stalling the whole run."""
+    """Seconds an environment's pytest may run: MAXTEXT_COMPAT_ENV_TIMEOUT, else 4x its recorded time (the longer
+    of cold and warm; at least 30 min; an hour when none is recorded). A hang (an interpreter deadlock, a server
+    that never answers) ends as a failed environment instead of stalling the whole run."""
     from maxtext_compat.switches import env_positive_number
 
     seconds = env_positive_number(
@@ -166,7 +167,7 @@ def env_timeout(name: str, durations: dict[str, float] | None = None) -> float:
     )
     if seconds is not None:
         return seconds
-    recorded = (durations if durations is not None else expected_durations()).get(name)
+    recorded = (durations if durations is not None else longest_durations()).get(name)
     return max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * recorded) if recorded else DEFAULT_TIMEOUT_S
 
 
@@ -195,13 +196,19 @@ def cache_base() -> Path | None:
     return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-compat"
 
 
+def compile_cache_dir(name: str) -> Path | None:
+    """The folder of one environment's JAX compilation cache (None when caches are off)."""
+    base = cache_base()
+    return None if base is None else base / "jax-compile" / name
+
+
 def compile_cache_env(name: str) -> dict[str, str]:
     """JAX's persistent compilation cache for one environment (off when the variable is set to "")."""
-    base = cache_base()
-    if base is None:
+    folder = compile_cache_dir(name)
+    if folder is None:
         return {}
     return {
-        "JAX_COMPILATION_CACHE_DIR": str(base / "jax-compile" / name),
+        "JAX_COMPILATION_CACHE_DIR": str(folder),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
         "JAX_COMPILATION_CACHE_MAX_SIZE": str(COMPILE_CACHE_MAX_BYTES),
@@ -245,36 +252,38 @@ def prune_unused_caches(now: float | None = None) -> list[Path]:
     return gone
 
 
-def expected_durations(path: Path | None = None) -> dict[str, float]:
-    """Recorded seconds per environment (empty when the file is missing or unreadable; by default this checkout's)."""
+def _durations_path(path: Path | None) -> Path | None:
     root = workspace.checkout_root()
-    p = path if path is not None else None if root is None else root / DURATIONS_FILE
-    if p is None:
-        return {}
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+    return path if path is not None else None if root is None else root / DURATIONS_FILE
+
+
+def cache_is_cold(name: str) -> bool:
+    """True when this environment's compilation cache holds nothing now: its run will compile everything."""
+    return envdurations.cache_is_cold(compile_cache_dir(name))
+
+
+def expected_durations(path: Path | None = None, *, cold: bool | None = None) -> dict[str, float]:
+    """Recorded seconds per environment (by default this checkout's; empty when the file is missing or
+    unreadable): the cold figure where `cold`, the warm one where not, and by default the one matching each
+    environment's compilation cache now (the other where only one was measured)."""
+    recorded = envdurations.read(_durations_path(path))
+    return envdurations.planned(recorded, cache_is_cold if cold is None else lambda _name: cold)
+
+
+def longest_durations(path: Path | None = None) -> dict[str, float]:
+    """The longer of each environment's recorded figures (what its time limit allows)."""
+    return {name: r.longest() for name, r in envdurations.read(_durations_path(path)).items()}
 
 
 def record_durations(results: Sequence[EnvResult], path: Path | None = None) -> Path:
-    """Write the seconds of this run's environments into the durations file, and their peak memory into
-    tests/env_memory.json beside it (others are kept)."""
+    """Write the seconds of this run's environments into the durations file, each as its cold or warm figure
+    (the state of its compilation cache when it started), and their peak memory into tests/env_memory.json
+    beside it (others are kept)."""
     p = path if path is not None else envs.project_root() / DURATIONS_FILE
     ok = [r for r in results if r.status == "ok"]
-    record_seconds({r.name: r.duration_s for r in ok}, p)
+    envdurations.write(p, {r.name: r.duration_s for r in ok}, cold={r.name for r in ok if r.cold_cache})
     record_peaks({r.name: r.peak_memory_gb for r in ok if r.peak_memory_gb > 0}, p.with_name(Path(MEMORY_FILE).name))
     return p
-
-
-def record_seconds(seconds: dict[str, float], path: Path) -> Path:
-    """Write these environments' seconds into a durations file (others are kept), in whole seconds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {name: round(s) for name, s in expected_durations(path).items()}  # whole seconds, as written
-    data.update({name: round(s) for name, s in seconds.items()})
-    path.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
-    return path
 
 
 def schedule(names: Sequence[str], durations: dict[str, float]) -> list[str]:
@@ -327,9 +336,10 @@ def run_matrix(
 
 
 def shard_durations(ws: Workspace) -> dict[str, float]:
-    """The durations every machine of a sharded run has alike: this checkout's committed record; none in a user's
-    project (its record is written on each machine, so two machines could split the run differently)."""
-    return expected_durations(ws.durations_file) if ws.is_checkout else {}
+    """The durations every machine of a sharded run has alike: this checkout's committed record, cold figures (a
+    shard runs on a machine of its own, fresh in CI; a split that read each machine's caches could differ between
+    machines); none in a user's project (its record is written on each machine)."""
+    return expected_durations(ws.durations_file, cold=True) if ws.is_checkout else {}
 
 
 def shard(names: Sequence[str], part: int, parts: int, durations: dict[str, float] | None = None) -> list[str]:

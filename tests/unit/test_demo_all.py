@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from maxtext_compat import cli, demo_all, demo_outcome, workspace
+from maxtext_compat import cli, demo_all, demo_outcome, env_runner, envdurations, workspace
 from maxtext_compat.demo import LOG_NOTE
 from maxtext_compat.demo_outcome import DemoRun
 
@@ -200,11 +200,12 @@ def test_the_all_options_go_together(argv, capsys):
     assert "InvalidArgumentError" in capsys.readouterr().err
 
 
-def test_recorded_seconds_and_peaks_keep_the_others(tmp_path: Path):
+def test_recorded_seconds_keep_the_others_each_as_cold_or_warm(tmp_path: Path):
     seconds = tmp_path / demo_all.DURATIONS_NAME
-    seconds.write_text(json.dumps({"old": 12}))
-    demo_all.record_seconds({"new": 61.6}, seconds)
-    assert json.loads(seconds.read_text()) == {"new": 62, "old": 12}
+    seconds.write_text(json.dumps({"old": 12, "both": {"cold": 90}}))
+    envdurations.write(seconds, {"new": 61.6, "both": 40.2}, cold={"new"})
+    recorded = json.loads(seconds.read_text())
+    assert recorded == {"both": {"cold": 90, "warm": 40}, "new": {"cold": 62}, "old": {"warm": 12}}
 
 
 def test_main_prints_the_table_exits_1_naming_the_failure_and_records_only_the_passes(tmp_path, monkeypatch):
@@ -214,7 +215,8 @@ def test_main_prints_the_table_exits_1_naming_the_failure_and_records_only_the_p
         "maxtext-0.1.0": spec("0.1.0"),
     })  # fmt: skip
     ws = SimpleNamespace(matrix=matrix, records=tmp_path, state=tmp_path)
-    (tmp_path / demo_all.DURATIONS_NAME).write_text(json.dumps({"maxtext-0.1.0": 90, "maxtext-0.2.5": 30}))
+    (tmp_path / demo_all.DURATIONS_NAME).write_text(json.dumps({"maxtext-0.1.0": 90, "maxtext-0.2.5": 50}))
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "caches"))  # every environment's cache empty
     ran = []
 
     def fake(name, *, ws, steps, real, build_lock, logs):
@@ -232,7 +234,9 @@ def test_main_prints_the_table_exits_1_naming_the_failure_and_records_only_the_p
     assert "| maxtext-0.1.0 | FAILED: exit 2: it cannot run here" in text
     assert text.splitlines()[-1].endswith("; FAILED in 1: maxtext-0.1.0")
     assert text.index("demo in maxtext-0.2.5") < text.index("| environment |")  # the sections, then the table
-    assert json.loads((tmp_path / demo_all.DURATIONS_NAME).read_text()) == {"maxtext-0.1.0": 90, "maxtext-0.2.5": 30}
+    recorded = json.loads((tmp_path / demo_all.DURATIONS_NAME).read_text())
+    # only the pass is recorded, as cold or warm by its compilation cache when the demo started
+    assert recorded == {"maxtext-0.1.0": {"warm": 90}, "maxtext-0.2.5": {"cold": 30, "warm": 50}}
     assert json.loads((tmp_path / demo_all.MEMORY_NAME).read_text()) == {"maxtext-0.2.5": 3.4}
 
     out = io.StringIO()

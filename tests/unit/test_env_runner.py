@@ -16,7 +16,7 @@ import pytest
 from packaging.version import Version
 
 from helpers.shipped import CI_LAYOUT, MATRIX_FILE, REPO, ci_matrix, shipped_matrix
-from maxtext_compat import env_runner, envs
+from maxtext_compat import env_runner, envdurations, envs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix, with_environments
 from maxtext_compat.report import results as report_results
@@ -108,6 +108,42 @@ def test_test_processes_write_bytecode_outside_the_tree_even_where_the_machine_f
     assert not list((tmp_path / "envs").rglob("six.*.pyc"))  # nothing written inside the environment
 
 
+def test_a_run_records_whether_its_compilation_cache_was_cold_and_the_next_plan_reads_it(matrix, tmp_path, monkeypatch):
+    """The first run finds the environment's cache empty (cold), fills it as a compile would; the second is warm.
+    Each is recorded under its own figure and the plan then follows the cache's state."""
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_x.py").write_text(
+        "import os, pathlib, time\n"
+        "def test_compiles():\n"
+        "    folder = pathlib.Path(os.environ['JAX_COMPILATION_CACHE_DIR'])\n"
+        "    folder.mkdir(parents=True, exist_ok=True)\n"
+        "    if not (folder / 'entry').exists():\n"
+        "        time.sleep(3)  # the compile the cache saves next time\n"
+        "    (folder / 'entry').write_bytes(b'x')\n"
+    )
+    durations = tmp_path / "durations.json"
+    seen = []
+    for _ in range(2):
+        (r,) = env_runner.run_matrix(
+            ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite), "-q"], log=lambda _: None
+        )
+        assert r.status == "ok"
+        seen.append(r.cold_cache)
+        env_runner.record_durations([r], durations)
+        report = json.loads((tmp_path / "build" / "compat-report.json").read_text())
+        assert report["envs"][0]["cold_cache"] is r.cold_cache
+    assert seen == [True, False]
+    recorded = envdurations.read(durations)["tiny"]
+    assert recorded.cold is not None and recorded.warm is not None and recorded.cold > recorded.warm
+    assert env_runner.expected_durations(durations) == {"tiny": recorded.warm}  # its cache is warm now
+    assert env_runner.expected_durations(durations, cold=True) == {"tiny": recorded.cold}
+    assert env_runner.longest_durations(durations) == {"tiny": recorded.cold}
+    shutil.rmtree(tmp_path / "cc" / "jax-compile" / "tiny")
+    assert env_runner.expected_durations(durations) == {"tiny": recorded.cold}  # emptied: planned cold again
+
+
 @pytest.mark.parametrize(("compile_cache", "xdg"), [(None, None), (None, "xdg"), ("cc", None), ("cc", "xdg")])
 def test_make_demo_compiles_modules_where_the_test_runs_do(compile_cache, xdg, tmp_path):
     """The Makefile's PYTHONPYCACHEPREFIX (make demo) and env_runner's (make test) are the same folder."""
@@ -166,8 +202,9 @@ def test_a_timeout_that_is_not_seconds_is_refused(monkeypatch, value):
 
 def test_the_timeout_follows_the_recorded_time(monkeypatch):
     monkeypatch.delenv(env_runner.TIMEOUT_VAR, raising=False)
-    recorded = env_runner.expected_durations()
-    assert env_runner.env_timeout("maxtext-0.2.5") == max(1800.0, 4 * recorded["maxtext-0.2.5"])
+    recorded = envdurations.read(REPO / env_runner.DURATIONS_FILE)["maxtext-0.2.5"]
+    longest = max(s for s in (recorded.cold, recorded.warm) if s is not None)
+    assert env_runner.env_timeout("maxtext-0.2.5") == max(1800.0, 4 * longest)
     assert env_runner.env_timeout("not-recorded") == 3600.0
 
 
@@ -446,8 +483,9 @@ def test_parallel_environments_really_overlap_and_each_logs_to_its_own_file(matr
 
 def test_record_durations_keeps_other_environments_and_skips_failed_runs(tmp_path):
     f = tmp_path / "d.json"
-    f.write_text('{"a": 10, "b": 20}')
+    f.write_text('{"a": 10, "b": 20, "c": {"warm": 5}}')
     ok = report_results.EnvResult(name="b", maxtext=None, passed=1, duration_s=33.4)
+    cold = report_results.EnvResult(name="c", maxtext=None, passed=1, duration_s=70.6, cold_cache=True)
     bad = report_results.EnvResult(name="a", maxtext=None, failed=1, duration_s=1.0, status="failed")
-    env_runner.record_durations([ok, bad], f)
-    assert json.loads(f.read_text()) == {"a": 10, "b": 33}
+    env_runner.record_durations([ok, cold, bad], f)
+    assert json.loads(f.read_text()) == {"a": {"warm": 10}, "b": {"warm": 33}, "c": {"cold": 71, "warm": 5}}

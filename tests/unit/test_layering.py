@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "xla_flags",
         "switches",
         "envmemory",
+        "envdurations",
         "atomic_file",
         "tempdirs",
         "locks",

@@ -33,6 +33,7 @@ class EnvResult:
     status: Status = "ok"
     detail: str = ""
     peak_memory_gb: float = 0.0  # summed memory (PSS) of the run's process tree at its highest
+    cold_cache: bool = False  # its JAX compilation cache held nothing when it started (envdurations)
 
     @property
     def ok(self) -> bool:
@@ -72,7 +73,7 @@ def why_not_real(m: CompatMatrix, label: str) -> str:
 
 
 REPORT_FIELDS = ("name", "versions", "passed", "failed", "skipped", "duration_s", "peak_memory_gb", "errors", "status",
-                 "detail", "maxtext")  # fmt: skip
+                 "detail", "maxtext", "cold_cache")  # fmt: skip
 
 
 def write_reports(
