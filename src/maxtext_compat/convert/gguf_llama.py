@@ -55,9 +55,9 @@ def read_shape(reader: Any, path: str = "the GGUF file") -> LlamaShape:
         raise InvalidArgumentError(
             f"{path} holds a {arch!r} model",
             argument="general.architecture",
-            expected=f"one of {list(ARCHITECTURES)} (a Llama-family model)",
+            expected=f"one of {[*ARCHITECTURES, 'gemma3']} (a Llama-family or Gemma 3 model)",
             found=repr(arch),
-            fix="convert a Llama-family GGUF (Llama, SmolLM2, TinyLlama, ...)",
+            fix="convert a Llama-family GGUF (Llama, SmolLM2, TinyLlama, ...) or a Gemma 3 one",
         )
     names = {t.name for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))

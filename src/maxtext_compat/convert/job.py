@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_compat.contract import checked
-from maxtext_compat.convert.gguf_llama import LlamaCheckpoint
+from maxtext_compat.convert.maxtext_tree import Checkpoint
 from maxtext_compat.errors import InvalidArgumentError
 
 CHECKPOINT_DIR = "checkpoint"
@@ -49,19 +49,23 @@ def _is_gguf(path: Path) -> bool:
 
 
 @checked
-def read_source(src: str | Path) -> tuple[LlamaCheckpoint, Any, str | None]:
-    """(checkpoint, tokenizers.Tokenizer or None, chat template) of a .gguf file or a model directory."""
+def read_source(src: str | Path) -> tuple[Checkpoint, Any, str | None]:
+    """(checkpoint, tokenizers.Tokenizer or None, chat template) of a .gguf file or a model directory; a GGUF
+    file's family (Llama or Gemma 3) is its `general.architecture`."""
     p = Path(src)
     if _is_gguf(p):
         import gguf
 
+        from maxtext_compat.convert.gguf_gemma3 import ARCHITECTURE, gemma3_checkpoint_from_reader
         from maxtext_compat.convert.gguf_llama import checkpoint_from_reader
         from maxtext_compat.convert.gguf_tokenizer import tokenizer_from_gguf
 
         reader = gguf.GGUFReader(str(p))
         template = reader.fields.get("tokenizer.chat_template")
         chat = template.contents() if template else None
-        return checkpoint_from_reader(reader, p), tokenizer_from_gguf(reader), chat
+        arch = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else None
+        read = gemma3_checkpoint_from_reader if arch == ARCHITECTURE else checkpoint_from_reader
+        return read(reader, p), tokenizer_from_gguf(reader), chat
     if p.is_dir():
         from maxtext_compat.convert.hf_dir import read_hf_dir
 

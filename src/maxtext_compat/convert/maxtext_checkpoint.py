@@ -12,12 +12,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxtext_compat.convert.gguf_llama import LlamaCheckpoint
-from maxtext_compat.convert.maxtext_tree import maxtext_overrides, to_maxtext
+from maxtext_compat.convert.gguf_gemma3 import Gemma3Checkpoint
+from maxtext_compat.convert.maxtext_tree import Checkpoint, maxtext_overrides, to_maxtext
+from maxtext_compat.errors import InvalidArgumentError
 
 
-def checkpoint_overrides(ckpt: LlamaCheckpoint, *, scan_layers: bool, weight_dtype: str = "float32") -> dict[str, Any]:
+def checkpoint_overrides(ckpt: Checkpoint, *, scan_layers: bool, weight_dtype: str = "float32") -> dict[str, Any]:
     """The MaxText config keys the checkpoint is written for (and that load it again)."""
+    if scan_layers and isinstance(ckpt, Gemma3Checkpoint):
+        raise InvalidArgumentError(
+            "a scanned Gemma 3 checkpoint is not written here",
+            argument="scan_layers",
+            expected="False for a Gemma 3 model (MaxText scans it in blocks of 6 layers plus a remainder)",
+            found=True,
+            fix="convert without --scan-layers (the vLLM paths of every release run unscanned decoders)",
+        )
     return {
         **maxtext_overrides(ckpt.shape),
         "scan_layers": scan_layers,
@@ -29,7 +38,7 @@ def checkpoint_overrides(ckpt: LlamaCheckpoint, *, scan_layers: bool, weight_dty
 
 
 def write_maxtext_checkpoint(
-    ckpt: LlamaCheckpoint, path: str, *, scan_layers: bool = False, weight_dtype: str = "float32"
+    ckpt: Checkpoint, path: str, *, scan_layers: bool = False, weight_dtype: str = "float32"
 ) -> str:
     """Write `ckpt` at `path` for the installed MaxText; returns the `load_parameters_path`."""
     from maxtext_compat import weights

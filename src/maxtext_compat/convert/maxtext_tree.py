@@ -14,12 +14,19 @@ from typing import Any
 import numpy as np
 
 from maxtext_compat.contract import checked
+from maxtext_compat.convert.gguf_gemma3 import Gemma3Checkpoint, Gemma3Shape
 from maxtext_compat.convert.gguf_llama import LlamaCheckpoint, LlamaShape
+from maxtext_compat.convert.maxtext_gemma3 import gemma3_overrides, gemma3_to_maxtext
+
+Checkpoint = LlamaCheckpoint | Gemma3Checkpoint  # one per family convert reads (chosen by general.architecture)
+Shape = LlamaShape | Gemma3Shape
 
 
 @checked
-def maxtext_overrides(shape: LlamaShape) -> dict[str, Any]:
-    """The MaxText config keys that describe a model of `shape` (decoder_block llama2, unscanned)."""
+def maxtext_overrides(shape: Shape) -> dict[str, Any]:
+    """The MaxText config keys that describe a model of `shape` (llama2 or gemma3 decoder, unscanned)."""
+    if isinstance(shape, Gemma3Shape):
+        return gemma3_overrides(shape)
     return {
         "decoder_block": "llama2",
         "base_emb_dim": shape.hidden,
@@ -40,8 +47,10 @@ def maxtext_overrides(shape: LlamaShape) -> dict[str, Any]:
 
 
 @checked
-def to_maxtext(ckpt: LlamaCheckpoint) -> dict[str, np.ndarray]:
-    """The flat {path: array} tree of an unscanned MaxText Llama decoder holding `ckpt`'s weights."""
+def to_maxtext(ckpt: Checkpoint) -> dict[str, np.ndarray]:
+    """The flat {path: array} tree of an unscanned MaxText decoder (llama2 or gemma3) holding `ckpt`'s weights."""
+    if isinstance(ckpt, Gemma3Checkpoint):
+        return gemma3_to_maxtext(ckpt)
     s, t = ckpt.shape, ckpt.tensors
     h, hd = s.hidden, s.head_dim
     out = {

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from maxtext_compat.convert.gguf_llama import LlamaShape
+from maxtext_compat.convert.maxtext_tree import Shape
 from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG, hf_config
 
 # The lengths a server runs with come from its command (--max-model-len, maxtext_config), not the model.
@@ -23,7 +23,7 @@ def _dump(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def model_config(shape: LlamaShape, maxtext: dict[str, Any]) -> dict[str, Any]:
+def model_config(shape: Shape, maxtext: dict[str, Any]) -> dict[str, Any]:
     """config.json: the MaxText model's sizes in transformers' Llama names, plus RoPE and special tokens."""
     out = hf_config(maxtext)
     out.update(
@@ -39,7 +39,7 @@ def token_text(tokenizer: Any, token_id: int | None) -> str | None:
     return None if token_id is None else tokenizer.id_to_token(token_id)
 
 
-def write_tokenizer(out: Path, tokenizer: Any, shape: LlamaShape, *, chat_template: str | None) -> None:
+def write_tokenizer(out: Path, tokenizer: Any, shape: Shape, *, chat_template: str | None) -> None:
     """tokenizer.json (the `tokenizers` object's own file) and tokenizer_config.json for transformers."""
     tokenizer.save(str(out / "tokenizer.json"))
     cfg: dict[str, Any] = {
@@ -54,7 +54,7 @@ def write_tokenizer(out: Path, tokenizer: Any, shape: LlamaShape, *, chat_templa
     _dump(out / "tokenizer_config.json", cfg)
 
 
-def write_model_files(out: Path, shape: LlamaShape, maxtext: dict[str, Any], load_parameters_path: str | None) -> None:
+def write_model_files(out: Path, shape: Shape, maxtext: dict[str, Any], load_parameters_path: str | None) -> None:
     """config.json, generation_config.json and maxtext_config.json (the keys `serve` passes to MaxText)."""
     _dump(out / "config.json", model_config(shape, maxtext))
     special = {"bos_token_id": shape.bos_token_id, "eos_token_id": shape.eos_token_id}

@@ -14,6 +14,7 @@ PROOF_FILES: dict[str, tuple[str, ...]] = {
     "serve": (
         "tests/compat/test_serving_vllm.py",
         "tests/compat/test_serving_real_model.py",
+        "tests/compat/test_serving_real_gemma3.py",
         "tests/compat/test_serving_conformance.py",
         "tests/compat/test_backport_serving.py",
     ),

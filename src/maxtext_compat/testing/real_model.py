@@ -73,16 +73,28 @@ class HfReference(NamedTuple):
     prompt_ids: list[list[int]]
 
 
-def hf_reference(path: Path, cache: Path | None = None) -> HfReference:
+def hf_reference(
+    path: Path,
+    cache: Path | None = None,
+    *,
+    prompts: Sequence[str] | None = None,
+    new_tokens: int | None = None,
+    prefix: Sequence[int] = (),
+) -> HfReference:
     """`hf_from_gguf` and its answers for PROMPTS, read once per file and reader versions when `cache` is a folder.
 
     Why: transformers' GGUF loader takes 20 s alone and ~50 s on a loaded machine (dequantizing, converting
     the tokenizer), in every environment and demo that checks against it. A cache entry holds the tensors
     and answers transformers itself produced (safetensors, float32, bit for bit), keyed by the file's
     sha256, the readers' versions, PROMPTS and NEW_TOKENS, so the reference stays independent of this
-    package. A hit touches the entry (the matrix run prunes entries unused for two weeks).
+    package. A hit touches the entry (the matrix run prunes entries unused for two weeks). Another model's
+    `prompts`, `new_tokens` and `prefix` (ids put before each prompt's, e.g. a BOS token transformers' GGUF
+    tokenizer leaves out) are part of the key; any transformers causal LM is stored (its config says which).
     """
-    entry = None if cache is None else cache / f"{_reference_key(path)}.safetensors"
+    prompts = PROMPTS if prompts is None else prompts
+    new_tokens = NEW_TOKENS if new_tokens is None else new_tokens
+    key = _reference_key(path, prompts, new_tokens, prefix)
+    entry = None if cache is None else cache / f"{key}.safetensors"
     if entry is not None and entry.is_file():
         entry.touch()
         return _load_reference(entry)
@@ -91,8 +103,8 @@ def hf_reference(path: Path, cache: Path | None = None) -> HfReference:
             entry.touch()
             return _load_reference(entry)
         tokenizer, model = hf_from_gguf(path)
-        prompt_ids = [list(tokenizer(p).input_ids) for p in PROMPTS]
-        found = HfReference(model, hf_greedy(model, prompt_ids), prompt_ids)
+        prompt_ids = [[*prefix, *tokenizer(p).input_ids] for p in prompts]
+        found = HfReference(model, hf_greedy(model, prompt_ids, new_tokens), prompt_ids)
         if entry is not None:
             _save_reference(found, entry)
     return found
@@ -154,14 +166,21 @@ def _stored_answers(entry: Path) -> dict[str, Any] | None:
     return answers if isinstance(answers, dict) and {"greedy", "prompt_ids"} <= answers.keys() else None
 
 
-def _reference_key(path: Path) -> str:
+def _reference_key(
+    path: Path, prompts: Sequence[str] | None = None, new_tokens: int | None = None, prefix: Sequence[int] = ()
+) -> str:
+    """The cache key; PROMPTS and NEW_TOKENS are read at call time when not given (a test changes them)."""
     import hashlib
     import json
+
+    prompts = PROMPTS if prompts is None else prompts
+    new_tokens = NEW_TOKENS if new_tokens is None else new_tokens
 
     with path.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256")
     versions = {name: importlib.metadata.version(name) for name in READERS}
-    key = json.dumps([digest.hexdigest(), versions, PROMPTS, NEW_TOKENS], sort_keys=True)
+    parts: list[Any] = [digest.hexdigest(), versions, list(prompts), new_tokens]
+    key = json.dumps([*parts, list(prefix)] if prefix else parts, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
@@ -185,11 +204,13 @@ def _load_reference(entry: Path) -> HfReference:
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     with safe_open(str(entry), framework="pt") as f:
         meta = f.metadata()
-    model = LlamaForCausalLM(LlamaConfig(**json.loads(meta["config"]))).to(torch.float32)
+    values = json.loads(meta["config"])
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     load_model(model, str(entry))  # strict: every tensor of the model, no other
     answers = json.loads(meta["answers"])
     return HfReference(model.eval(), answers["greedy"], answers["prompt_ids"])
