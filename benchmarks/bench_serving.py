@@ -9,7 +9,9 @@ a time on this machine): ours (`maxtext-compat serve` of the converted model: Ma
 shim. For each: the median of warm 16-token greedy requests, then CLIENTS concurrent clients (the `openai`
 AsyncOpenAI client) sending the PROMPTS round robin for LOAD_SECONDS; every answer must equal transformers'
 greedy tokens (else the figure is not written), none may be lost; throughput and latency percentiles recorded.
-The issue's goals: a warm 16-token request <= 3 s, our throughput >= 0.9 of the peer's.
+The issue's goals: a warm 16-token request <= 3 s, our throughput >= 0.9 of the peer's. Then ours again with
+`--data-parallel-size 2` (two engine cores, two API servers: issue 40), DP_CLIENTS clients, the load run
+tests/compat/test_serving_data_parallel.py checks in `make test-extended`; its ratio is to ours on one engine.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ WARM_ROUNDS = 5
 TOKENS = 16
 SEQS = 8  # --max-num-seqs: the clients beyond it queue, as on any vLLM server
 MAX_LEN = 64
+DP_CLIENTS = int(os.environ.get("BENCH_SERVING_DP_CLIENTS", "16"))
 
 
-def _measure(srv: Any, prompts: list[str], want: list[list[int]]) -> dict[str, Any]:
+def _measure(srv: Any, prompts: list[str], want: list[list[int]], clients: int = CLIENTS) -> dict[str, Any]:
     from openai import OpenAI
 
     from helpers.load_run import load_run
@@ -52,10 +55,10 @@ def _measure(srv: Any, prompts: list[str], want: list[list[int]]) -> dict[str, A
         times.append(time.monotonic() - t0)
         if ids != want[0]:
             raise AssertionError(f"served {ids} != reference {want[0]}: no figure written")
-    load = load_run(srv.url, srv.model, prompts, want, clients=CLIENTS, seconds=LOAD_SECONDS, tokens=TOKENS)
+    load = load_run(srv.url, srv.model, prompts, want, clients=clients, seconds=LOAD_SECONDS, tokens=TOKENS)
     if load.wrong or load.errors:
         raise AssertionError(f"load run: {load.summary()}: {load.wrong[:2]} {load.errors[:2]}")
-    return {"warm": times, "load": load}
+    return {"warm": times, "load": load, "clients": clients}
 
 
 def _rows(label: str, m: dict[str, Any], peer: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -64,7 +67,7 @@ def _rows(label: str, m: dict[str, Any], peer: dict[str, Any] | None) -> list[di
     warm = statistics.median(m["warm"])
     how = (f"SmolLM2-135M float32, {TOKENS} greedy tokens, answers equal to transformers'; "
            f"--max-num-seqs {SEQS}, --max-model-len {MAX_LEN}")  # fmt: skip
-    load_how = (f"{CLIENTS} concurrent openai clients for {LOAD_SECONDS:g} s, 4 prompts round robin, "
+    load_how = (f"{m['clients']} concurrent openai clients for {LOAD_SECONDS:g} s, 4 prompts round robin, "
                 f"{len(load.latencies)} answers, 0 lost")  # fmt: skip
     pct = f"p50 {load.percentile(0.5):.2f} s, p90 {load.percentile(0.9):.2f} s, p99 {load.percentile(0.99):.2f} s"
     ratio = None if peer is None else tps / peer["load"].tokens_per_s
@@ -93,9 +96,12 @@ def run() -> list[dict[str, Any]]:
         ours = _measure(srv, prompts, want)
     with serve_hf(hf_dir, work, seqs=SEQS, max_len=MAX_LEN) as srv:
         peer = _measure(srv, prompts, want)
-    print(f"[bench] served: ours {ours['warm']}, peer {peer['warm']}", file=sys.stderr)
+    with serve(ours_dir, work, seqs=SEQS, max_len=MAX_LEN, flags=("--data-parallel-size", "2")) as srv:
+        dp2 = _measure(srv, prompts, want, clients=DP_CLIENTS)
+    print(f"[bench] served: ours {ours['warm']}, peer {peer['warm']}, dp2 {dp2['warm']}", file=sys.stderr)
     return [*_rows("maxtext-compat serve (MaxText's model)", ours, peer),
-            *_rows("peer: vllm serve of the HF form (tpu-inference's Llama)", peer, None)]  # fmt: skip
+            *_rows("peer: vllm serve of the HF form (tpu-inference's Llama)", peer, None),
+            *_rows("maxtext-compat serve --data-parallel-size 2 (ratio: to one engine)", dp2, ours)]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ class PluginState:
     pid: int = 0
     role: str = ""  # "engine" | "worker": where vLLM called register() with its config at hand; "" elsewhere
     fingerprint: str = ""  # this process's plugin fingerprint digest (serving.fingerprint), once registered
+    settings: Mapping[str, object] | None = None  # the effective settings the plugin was set up with
 
 
 _STATE: PluginState | None = None
@@ -96,11 +97,19 @@ def register() -> None:
         config, role = engine_config_of_caller()
         _STATE = _register(config, role)
         log.info(
-            "maxtext_compat plugin (pid %d): %s%s",
+            "maxtext_compat plugin (pid %d%s): %s%s%s",
             _STATE.pid,
+            f", {_STATE.role}" if _STATE.role else "",
             _STATE.reason,
             f"; CPU serving shim: {_STATE.cpu_shim}" if _STATE.cpu_shim else "",
+            f"; fingerprint {_STATE.fingerprint} ({_given(_STATE.settings)})" if _STATE.fingerprint else "",
         )
+
+
+def _given(effective: Mapping[str, object] | None) -> str:
+    """The settings that are set (not left to their default), as the fingerprint holds them."""
+    given = {k: v for k, v in (effective or {}).items() if v is not None}
+    return "settings: " + (", ".join(f"{k}={v!r}" for k, v in given.items()) or "all defaults")
 
 
 def _register(config: Any = None, role: str = "") -> PluginState:
@@ -187,8 +196,14 @@ def _register(config: Any = None, role: str = "") -> PluginState:
 
         register_model(ARCHITECTURE, MaxTextForCausalLM)
         reason = f"registered maxtext_compat's {ARCHITECTURE} ({rt.describe()})"
-    digest = join_engine(config, role, model=choice, resolution=rt.resolution) if config is not None else ""
-    return PluginState(True, choice, reason, shim_text, pid, role, digest)
+    _install_config_hooks()
+    if config is not None:
+        digest = join_engine(config, role, model=choice, resolution=rt.resolution)
+    else:  # a process vLLM loads the plugin in without its config (an API server): the fingerprint is logged
+        from maxtext_compat.serving import fingerprint
+
+        digest = fingerprint.current(model=choice, resolution=rt.resolution).digest
+    return PluginState(True, choice, reason, shim_text, pid, role, digest, settings.effective())
 
 
 # Where vLLM calls load_general_plugins() with the engine's config as a local of the caller: (module, function).
@@ -271,3 +286,127 @@ def _apply_shim_profile(rt: ServingRuntime) -> None:
     if name is not None:
         profiles.install(name, resolution=rt.resolution)
         log.info("maxtext_compat plugin: installed shim profile %r", name)
+
+
+# Where vLLM hands the config on to the engine cores it starts (the API server or the user's LLM process) and where an
+# engine core starts: patched so the settings reach a process started by fork too (vLLM's default start method
+# outside `vllm serve`), whose plugin vLLM does not load again.
+HOOKS_PROFILE = "plugin-config"
+PROC_MANAGER = "vllm.v1.engine.utils:CoreEngineProcManager.__init__"
+ENGINE_INIT = "vllm.v1.engine.core:EngineCore.__init__"
+
+
+def _install_config_hooks() -> None:
+    from maxtext_compat.shims import profiles
+    from maxtext_compat.shims.patching import PatchSpec
+
+    if profiles.installed(HOOKS_PROFILE):
+        return
+    targets = [(PROC_MANAGER, _proc_manager_factory), (ENGINE_INIT, _engine_init_factory)]
+    present = [(t, f) for t, f in targets if _resolvable(t)]
+    if len(present) < len(targets):
+        missing = [target for target, factory in targets if (target, factory) not in present]
+        log.info("maxtext_compat plugin: this vLLM has no %s; settings reach forked processes through the "
+                 "environment only", ", ".join(missing))  # fmt: skip
+    specs = [PatchSpec(t, f, aliases=(), origin=f"{__name__} (plugin settings from vLLM's config)") for t, f in present]
+    profiles.register_profile(HOOKS_PROFILE, lambda: specs, replace=True,
+                              description="the plugin's settings reach engine cores started by fork")  # fmt: skip
+    profiles.install(HOOKS_PROFILE)
+
+
+def _resolvable(target: str) -> bool:
+    module, _, path = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in path.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def _config_argument(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instance: Any) -> Any:
+    import inspect
+
+    bound = inspect.signature(original.function).bind_partial(instance, *args, **kwargs)
+    return bound.arguments.get("vllm_config")
+
+
+def _proc_manager_factory(original: Any) -> Any:
+    def init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        config = _config_argument(original, args, kwargs, instance)
+        if config is not None:
+            frontend_settings(config)
+        return wrapped(*args, **kwargs)
+
+    return init
+
+
+def _engine_init_factory(original: Any) -> Any:
+    def init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        config = _config_argument(original, args, kwargs, instance)
+        current = state()
+        # Forked (vLLM does not load the plugin again) or in the process that set it up without the config
+        # (VLLM_ENABLE_V1_MULTIPROCESSING=0); a spawned engine core loads it with the config inside this call.
+        set_up_earlier = current is not None and (current.pid != os.getpid() or current.role == "")
+        if config is not None and current is not None and current.registered and set_up_earlier:
+            join_forked_engine(config, current)
+        return wrapped(*args, **kwargs)
+
+    return init
+
+
+def frontend_settings(config: Any) -> dict[str, str]:
+    """In the process that starts the engine cores: the config's settings become its environment, which every
+    process it starts inherits (spawned API servers and engine cores set the plugin up with them from their first
+    line). This process itself was set up before it read the config: what differs is logged (the request shim reads
+    disable_request_shim per request; the others apply to the processes started from here)."""
+    from maxtext_compat.serving import settings
+
+    applied = settings.apply(getattr(config, "additional_config", None))
+    current = state()
+    used = {} if current is None or current.settings is None else current.settings
+    changed = {k: v for k, v in settings.effective().items() if v != used.get(k)}
+    if applied and changed and current is not None and current.registered:
+        log.warning("maxtext_compat plugin (pid %d): settings from additional_config[%r] reach the processes started "
+                    "from here; this process was set up before it read them: %s", os.getpid(), settings.CONFIG_KEY,
+                    ", ".join(f"{k}={v!r}" for k, v in changed.items()))  # fmt: skip
+    return applied
+
+
+def join_forked_engine(config: Any, parent: PluginState) -> str:
+    """An engine core whose plugin was set up before it saw the config: forked from a process set up already (vLLM
+    does not load the plugin again), or running in that process (VLLM_ENABLE_V1_MULTIPROCESSING=0). Its patches
+    were made without the config, so the config's settings must be what they were made with (ServingConfigError
+    otherwise); then it writes its fingerprint for the workers, as a spawned engine core does."""
+    import dataclasses
+
+    from maxtext_compat.errors import CompatError, ServingConfigError
+    from maxtext_compat.serving import runtime, settings
+
+    used = parent.settings or {}
+    by_env = {s.env: s for s in settings.SETTINGS}
+    for name, text in settings.from_config(getattr(config, "additional_config", None)).items():
+        setting = by_env[name]
+        if setting.parse(text) != used.get(setting.key):
+            raise ServingConfigError(
+                f"{settings.config_argument(setting.key)} reached an engine core whose plugin was set up before "
+                f"the config (forked, or in-process): the patches here were made with another value "
+                f"({setting.meaning})",
+                argument=settings.config_argument(setting.key),
+                expected=f"{used.get(setting.key)!r} (what the plugin was set up with)",
+                found=repr(text),
+                fix=f"start vLLM with VLLM_WORKER_MULTIPROC_METHOD=spawn (vllm serve's default), so the engine core "
+                f"sets the plugin up with its config, or set {name}={text} in the environment before vLLM starts",
+            )
+    try:
+        resolution = runtime.current().resolution
+    except CompatError:  # the parent found MaxText cannot be served here: the installed resolution is compared
+        resolution = None
+    digest = join_engine(config, "engine", model=parent.model, resolution=resolution)
+    global _STATE
+    with _LOCK:
+        _STATE = dataclasses.replace(parent, pid=os.getpid(), role="engine", fingerprint=digest)
+    log.info("maxtext_compat plugin (pid %d, engine, set up in pid %d): fingerprint %s", os.getpid(), parent.pid,
+             digest)  # fmt: skip
+    return digest

@@ -66,3 +66,46 @@ def test_a_worker_host_set_up_differently_is_refused_at_start_up() -> None:
     assert r["refused"], r
     assert ["settings.rpa_kernel", "pallas", "xla"] in r["differences"]
     assert f"host {r['host']}" in r["message"] and "--additional-config" in r["message"]
+
+
+FORKED = r"""
+import json, multiprocessing, types
+from maxtext_compat import vllm_plugin
+from maxtext_compat.errors import ServingConfigError
+vllm_plugin.register()  # the parent, set up from its environment without a config (as `vllm serve`'s API server)
+from vllm.v1.engine.core import EngineCore
+
+def engine_core(additional, queue):  # what vLLM's engine core process runs first, started by fork
+    config = types.SimpleNamespace(additional_config=additional)
+    try:
+        EngineCore(vllm_config=config, executor_class=None, log_stats=False)
+    except ServingConfigError as err:
+        queue.put({"refused": str(err), "argument": err.argument})
+    except Exception as err:  # past the plugin: vLLM's own start-up stops on the stand-in config
+        state = vllm_plugin.state()
+        queue.put({"role": state.role, "fingerprint": state.fingerprint, "past": type(err).__name__,
+                   "engine": config.additional_config.get("maxtext_compat_engine")})
+
+out = []
+for given in ("xla", "pallas"):
+    queue = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(
+        target=engine_core, args=({"maxtext_compat": {"rpa_kernel": given}}, queue))
+    child.start()
+    out.append(queue.get(timeout=300))
+    child.join()
+print(json.dumps(out))
+"""
+
+
+def test_an_engine_core_started_by_fork_refuses_settings_its_parent_was_not_set_up_with() -> None:
+    """vLLM's `fork` start method (its default outside `vllm serve`): the engine core inherits the parent's patches
+    and vLLM does not load the plugin again. The plugin's hook in EngineCore.__init__ refuses a config setting the
+    parent was not set up with, and where they agree writes the forked engine's fingerprint for the workers."""
+    got: Any = _run(FORKED, MAXTEXT_COMPAT_RPA_KERNEL="pallas", VLLM_WORKER_MULTIPROC_METHOD="fork")
+    refused, agreed = got
+    assert refused["argument"] == "additional_config['maxtext_compat']['rpa_kernel']", refused
+    assert "'pallas'" in refused["refused"] and "'xla'" in refused["refused"] and "spawn" in refused["refused"]
+    assert agreed["role"] == "engine" and agreed["past"] == "AttributeError", agreed
+    engine = agreed["engine"]
+    assert engine["digest"] == agreed["fingerprint"] and engine["settings"]["rpa_kernel"] == "pallas"

@@ -201,3 +201,21 @@ def _ours_now() -> set[str]:
     from maxtext_compat.shims.registry import active_patches
 
     return {p.target for p in active_patches() if p.profile == cpu_serving.PROFILE}
+
+
+def test_the_ray_workers_device_order_needs_the_mesh_part_on_cpu(shim) -> None:
+    """A Ray worker (TPU_MULTIHOST_BACKEND=ray) orders its devices by their TPU coords at start-up
+    (tpu_worker.init_device): stock, AttributeError on CPU devices; under the mesh part, processes ordered by index
+    (one jax process here: 0), seen through tpu_worker's own import of the function too."""
+    import jax
+
+    dist = importlib.import_module("tpu_inference.distributed.utils")
+    worker = importlib.import_module("tpu_inference.worker.tpu_worker")
+    original = dist.get_device_topology_order_id
+    with pytest.raises(AttributeError):  # d.coords of a CPU device (jaxlib's message is empty)
+        original(jax.local_devices(), jax.devices())
+    shim.install(parts=("mesh",))
+    assert dist.get_device_topology_order_id(jax.local_devices(), jax.devices()) == 0
+    assert worker.get_device_topology_order_id(jax.local_devices(), jax.devices()) == 0
+    shim.uninstall()
+    assert dist.get_device_topology_order_id is original and worker.get_device_topology_order_id is original

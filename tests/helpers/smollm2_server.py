@@ -32,15 +32,18 @@ def serve(
     max_len: int = 32,
     env: Mapping[str, str] | None = None,
     flags: tuple[str, ...] = (),
+    settings: Mapping[str, object] | None = None,
 ) -> Iterator[Server]:
-    """`maxtext-compat serve MODEL_DIR --max-model-len ...` of a `convert` result (its .out, .checkpoint)."""
+    """`maxtext-compat serve MODEL_DIR --max-model-len ...` of a `convert` result (its .out, .checkpoint); `settings`
+    go in `--additional-config` beside maxtext_config, as `{"maxtext_compat": settings}`."""
     out, checkpoint = str(model_dir.out), str(model_dir.checkpoint)  # type: ignore[attr-defined]
     port = vllm_server.free_port()
     maxtext_config = {"max_prefill_predict_length": max_len - 4, "max_target_length": max_len,
                       "ici_tensor_parallelism": tp, "load_parameters_path": checkpoint}  # fmt: skip
+    additional = {"maxtext_config": maxtext_config, **({"maxtext_compat": dict(settings)} if settings else {})}
     argv = [sys.executable, "-m", "maxtext_compat.cli", "serve", out, f"--max-num-batched-tokens={max_len}",
             f"--max-model-len={max_len}", f"--max-num-seqs={seqs}", f"--tensor-parallel-size={tp}", "--port",
-            str(port), f"--additional-config={json.dumps({'maxtext_config': maxtext_config})}", *flags]  # fmt: skip
+            str(port), f"--additional-config={json.dumps(additional)}", *flags]  # fmt: skip
     with _started(argv, port, out, log_dir / f"smollm2_tp{tp}_seqs{seqs}_len{max_len}.log", env) as srv:
         yield srv
 

@@ -187,3 +187,48 @@ def test_doctor_json_has_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> Non
     assert f"plugin fingerprint: {fp['digest']}" in doctor.render(report)
     monkeypatch.setenv("MAXTEXT_COMPAT_STRICT", "y")
     assert doctor.collect()["fingerprint"]["error"]["type"] == "InvalidArgumentError"
+
+
+def test_an_engine_core_forked_after_set_up_takes_the_config_only_where_it_agrees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's fork start method: the engine core inherits the parent's patches and vLLM does not load the plugin in
+    it again. The config's settings must then be what the parent set up with (ServingConfigError naming the setting,
+    both values and the fix otherwise); when they are, the forked engine writes its fingerprint for the workers."""
+    from maxtext_compat import vllm_plugin
+
+    _clean(monkeypatch)
+    parent = vllm_plugin.PluginState(True, "compat", "set up", pid=1, settings=settings.effective())
+    config = types.SimpleNamespace(additional_config={"maxtext_compat": {"rpa_kernel": "xla"}})
+    with pytest.raises(ServingConfigError) as e:
+        vllm_plugin.join_forked_engine(config, parent)
+    assert e.value.argument == "additional_config['maxtext_compat']['rpa_kernel']" and e.value.found == "'xla'"
+    assert "VLLM_WORKER_MULTIPROC_METHOD=spawn" in str(e.value) and "MAXTEXT_COMPAT_RPA_KERNEL=xla" in str(e.value)
+    assert fingerprint.ENGINE_KEY not in config.additional_config
+    monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "xla")  # the parent was set up with it: the fork agrees
+    parent = vllm_plugin.PluginState(True, "compat", "set up", pid=1, settings=settings.effective())
+    monkeypatch.setattr(vllm_plugin, "_STATE", parent)
+    digest = vllm_plugin.join_forked_engine(config, parent)
+    assert config.additional_config[fingerprint.ENGINE_KEY]["digest"] == digest
+    assert config.additional_config[fingerprint.ENGINE_KEY]["settings"]["rpa_kernel"] == "xla"
+    assert vllm_plugin.state() == vllm_plugin.PluginState(True, "compat", "set up", pid=__import__("os").getpid(),
+                                                          role="engine", fingerprint=digest,
+                                                          settings=parent.settings)  # fmt: skip
+
+
+def test_the_process_that_starts_the_engines_passes_the_configs_settings_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server (or the user's LLM process) makes the config's settings its environment before it starts the
+    engine cores and API servers, which inherit it; a contradicting variable is refused as in any process."""
+    import os
+
+    from maxtext_compat import vllm_plugin
+
+    _clean(monkeypatch)
+    monkeypatch.setattr(vllm_plugin, "_STATE", vllm_plugin.PluginState(True, "compat", "", pid=os.getpid(),
+                                                                       settings=settings.effective()))  # fmt: skip
+    config = types.SimpleNamespace(additional_config={"maxtext_compat": {"disable_request_shim": True}})
+    assert vllm_plugin.frontend_settings(config) == {"MAXTEXT_COMPAT_DISABLE_REQUEST_SHIM": "1"}
+    assert os.environ["MAXTEXT_COMPAT_DISABLE_REQUEST_SHIM"] == "1"
+    monkeypatch.setenv("MAXTEXT_COMPAT_DISABLE_REQUEST_SHIM", "0")
+    with pytest.raises(ServingConfigError, match="disagree"):
+        vllm_plugin.frontend_settings(config)

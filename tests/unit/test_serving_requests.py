@@ -188,3 +188,14 @@ def test_a_seeded_row_the_step_cannot_honour_stops_it_loudly(server_facts):
         wrapper(lambda *a, **k: "sampled", _runner(("a", 3, 0.7, 4), dp=2), (*call, None, None), {})
     unseeded = _runner(("a", None, 0.7, 4))
     assert wrapper(lambda *a, **k: "sampled", unseeded, (*call, object(), None), {}) == "sampled"
+
+
+def test_the_request_shim_switched_off_after_it_went_in_lets_requests_through(server_facts, monkeypatch):
+    """An API server set up before it read `--additional-config` (its plugin loads with vLLM's argument parser)
+    gets disable_request_shim as an environment variable later: the installed check reads it per request."""
+    _, validate = _validate(next(d for d in DEFECTS if d.id == sr.SEED))
+    monkeypatch.delenv(sr.DISABLE_ENV, raising=False)
+    with pytest.raises(RequestRefusedError):
+        validate(params(frequency_penalty=0.5))
+    monkeypatch.setenv(sr.DISABLE_ENV, "1")
+    validate(params(frequency_penalty=0.5))  # the stack's own behaviour: passed on unchecked

@@ -61,6 +61,7 @@ DEFAULT_CPU_HBM_GB = 2.0  # what the KV-cache sizing sees; pass --num-gpu-blocks
 UTILS = "tpu_inference.utils"
 DEVICE_PUT = "tpu_inference.layers.common.utils:general_device_put"
 COMPILER_OPTIONS = "tpu_inference.models.common.compiler_options"
+TOPOLOGY = "tpu_inference.distributed.utils:get_device_topology_order_id"  # the Ray path's worker start-up
 # Decorated at import time with jax.jit(compiler_options=get_sampling_compiler_options()): if it
 # was imported before us, its jit object already holds the TPU options and must be rebuilt.
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
@@ -249,6 +250,28 @@ def _host_copy_factory(original: Original) -> Callable[..., Any]:
     return general_device_put
 
 
+def _topology_factory(original: Original) -> Callable[..., Any]:
+    def get_device_topology_order_id(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        named = dict(zip(("local_devices", "global_devices"), args, strict=False)) | kwargs
+        local, everyone = list(named["local_devices"]), list(named["global_devices"])
+        if not (_on_cpu_devices(local) and _on_cpu_devices(everyone)):
+            return wrapped(*args, **kwargs)
+        # CPU devices have no coords to find each process's corner by: processes are ordered by their index.
+        return sorted({d.process_index for d in everyone}).index(local[0].process_index)
+
+    return get_device_topology_order_id
+
+
+def _has(target: str) -> bool:
+    import importlib
+
+    module, _, name = target.partition(":")
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False
+
+
 def _not_needed() -> dict[str, str]:
     """Parts the installed tpu-inference has no step for, with the reason (measured on 0.19.0: no compiler
     options module, and its jits pass no TPU compiler options)."""
@@ -275,6 +298,8 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec 
     if "mesh" in parts:
         mesh = functools.partial(_mesh_factory, kernel=kernel)  # None when the rpa part is left out
         specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", mesh, origin=f"{origin} (F1 CPU mesh)"))
+        if _has(TOPOLOGY):  # multi-host workers (TPU_MULTIHOST_BACKEND=ray) sort devices by coords too
+            specs.append(PatchSpec(TOPOLOGY, _topology_factory, origin=f"{origin} (F1 CPU device topology order)"))
     if "hbm" in parts:
         specs.append(PatchSpec(f"{UTILS}:get_device_hbm_limit", _hbm_factory, origin=f"{origin} (F2 CPU HBM limit)"))
         specs.append(PatchSpec(f"{UTILS}:hbm_usage_bytes", _hbm_usage_factory,

@@ -12,10 +12,14 @@ model and stack, after a restart. Unseeded rows and the batch's shared key are l
 How: the runner's `_sample_from_logits` is wrapped to note, for this step, which rows are seeded (their seed and
 position, from the runner's own request states); the `sample` it calls (tpu_runner's binding only) then draws
 those rows again with their keys and replaces their tokens. The fused on-device decode loop
-(`enable_continue_decode`), speculative decoding and data parallelism sample elsewhere or reorder rows: a server
+(`enable_continue_decode`), speculative decoding and data parallelism inside one runner (tpu-inference's SPMD DP:
+TPU_MULTIPROCESS_DP=0 or attention DP, whose ranks reorder the rows) sample elsewhere or reorder rows: a server
 configured with one of them keeps refusing seeds (`unsupported`, from the config vLLM builds, seen through
 `TpuPlatform.check_and_update_config`), and a seeded row meeting them anyway stops the step with a typed error
-rather than being sampled without its seed.
+rather than being sampled without its seed. vLLM's own data parallelism (`vllm serve --data-parallel-size N`, one
+engine core per rank: TPU_MULTIPROCESS_DP=1, tpu-inference's default there) gives each engine core a runner of DP
+size 1 drawing with the same keys, so a seed gives the same text on every rank
+(tests/compat/test_serving_data_parallel.py).
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def unsupported() -> str | None:
     if _SERVER.get("speculative"):
         return "with speculative decoding (the rejection sampler draws with the batch's key)"
     if int(_SERVER.get("dp", 1) or 1) > 1:
-        return f"with data parallelism ({_SERVER['dp']} ranks reorder the rows)"
+        return (f"with data parallelism inside one engine core ({_SERVER['dp']} SPMD ranks reorder the rows; "
+                "vLLM's one engine core per rank, TPU_MULTIPROCESS_DP=1, honours seeds)")  # fmt: skip
     if _SERVER.get("continue_decode"):
         return "with enable_continue_decode (the fused decode loop samples on the device)"
     return None
