@@ -78,8 +78,13 @@ def run_env(
     output: Path | None = None,
     build_lock: contextlib.AbstractContextManager[object] | None = None,
     ws: Workspace | None = None,
+    cold_cache: bool | None = None,
 ) -> EnvResult:
     """Run pytest in one environment; its output goes to `output` (a log file) when given.
+
+    `cold_cache`: whether its compilation cache was empty when the run that starts it began (run_matrix looks
+    before any environment runs: a partner process of another environment may write into this one's cache
+    first); by default, whether it is empty now.
 
     `build_lock` serialises the build step when environments run at once (they share uv's cache and the
     envs folder); the tests themselves run outside it.
@@ -112,7 +117,7 @@ def run_env(
     env.pop("VIRTUAL_ENV", None)
     env.update(compile_cache_env(name))
     env.update(bytecode_cache_env())
-    res.cold_cache = envdurations.cache_is_cold(compile_cache_dir(name))
+    res.cold_cache = cache_is_cold(name) if cold_cache is None else cold_cache
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     # An environment that lists its test files runs only those (a kernel-only one has no MaxText to test).
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args, *spec.tests]
@@ -319,6 +324,7 @@ def run_matrix(
     out_dir = report_dir if report_dir is not None else ws.state
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = list(names) if names else list(m.environments)
+    cold = {name: cache_is_cold(name) for name in selected}  # before any runs: each records the case it was
     if pruned := prune_unused_caches():
         log(f"[matrix] pruned {len(pruned)} cache entries unused for {UNUSED_CACHE_MAX_AGE_S / 86400:.0f} days")
     if jobs == 1:
@@ -326,10 +332,19 @@ def run_matrix(
         for i, name in enumerate(selected, 1):
             log(f"[matrix] ({i}/{len(selected)}) environment {name}")
             results.append(
-                run_env(name, matrix=m, pytest_args=pytest_args, build=build, report_dir=out_dir, log=log, ws=ws)
+                run_env(
+                    name,
+                    matrix=m,
+                    pytest_args=pytest_args,
+                    build=build,
+                    report_dir=out_dir,
+                    log=log,
+                    ws=ws,
+                    cold_cache=cold[name],
+                )
             )
     else:
-        results = _run_parallel(selected, m, pytest_args, build, out_dir, log, jobs, ws)
+        results = _run_parallel(selected, m, pytest_args, build, out_dir, log, jobs, ws, cold)
     about = {"project": ws.project_name, "selected": selected, **(run or {})}
     write_reports(results, m, out_dir, claims=ws.is_checkout, run=about)
     return results
@@ -376,6 +391,7 @@ def _run_parallel(
     log: Callable[[str], None],
     jobs: int,
     ws: Workspace,
+    cold: dict[str, bool],
 ) -> list[EnvResult]:
     lock, build_lock = fork_safe_lock(), fork_safe_lock()
 
@@ -396,6 +412,7 @@ def _run_parallel(
             output=logfile,
             build_lock=build_lock,
             ws=ws,
+            cold_cache=cold[name],
         )
         say(
             f"[matrix] {name}: {res.status}, {res.passed} passed, {res.failed + res.errors} failed, "

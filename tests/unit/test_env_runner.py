@@ -144,6 +144,31 @@ def test_a_run_records_whether_its_compilation_cache_was_cold_and_the_next_plan_
     assert env_runner.expected_durations(durations) == {"tiny": recorded.cold}  # emptied: planned cold again
 
 
+def test_an_environment_is_cold_by_its_cache_when_the_run_began_not_when_it_starts(matrix, tmp_path, monkeypatch):
+    """A partner process of one environment (the cross-era and paths tests start one in another environment) may
+    fill that environment's cache before its own turn: it still ran cold, and is recorded so."""
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    two = dataclasses.replace(matrix, environments={"tiny": matrix.environments["tiny"], "other": _spec("other")})
+    seen: dict[str, bool | None] = {}
+
+    def fake_run_env(name, *, cold_cache=None, **_kwargs):
+        seen[name] = cold_cache
+        if name == "tiny":  # its partner compiles in the other environment's cache
+            folder = env_runner.compile_cache_dir("other")
+            folder.mkdir(parents=True)
+            (folder / "jit_partner-cache").write_bytes(b"x")
+        return report_results.EnvResult(name=name, maxtext=None, passed=1, cold_cache=bool(cold_cache))
+
+    monkeypatch.setattr(env_runner, "run_env", fake_run_env)
+    for jobs in (1, 2):
+        shutil.rmtree(tmp_path / "cc", ignore_errors=True)
+        seen.clear()
+        env_runner.run_matrix(["tiny", "other"], matrix=two, report_dir=tmp_path / "b", jobs=jobs, log=lambda _: None)
+        assert seen == {"tiny": True, "other": True}, jobs
+    env_runner.run_matrix(["other"], matrix=two, report_dir=tmp_path / "b", log=lambda _: None)
+    assert seen["other"] is False  # the next run finds the entry: warm
+
+
 @pytest.mark.parametrize(("compile_cache", "xdg"), [(None, None), (None, "xdg"), ("cc", None), ("cc", "xdg")])
 def test_make_demo_compiles_modules_where_the_test_runs_do(compile_cache, xdg, tmp_path):
     """The Makefile's PYTHONPYCACHEPREFIX (make demo) and env_runner's (make test) are the same folder."""
