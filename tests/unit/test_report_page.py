@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers.shipped import ci_matrix
+from maxtext_compat import env_runner
 from maxtext_compat.errors import CompatError
 from maxtext_compat.report import browser, evidence, grid
 from maxtext_compat.resolver import resolve
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.envs("unit")
 REPO = Path(__file__).resolve().parents[2]
 DEV_CLI = REPO / ".envs" / "dev" / "bin" / "maxtext-compat"
 MATRIX = ci_matrix()  # the environments `make test` runs (tests/environments.yaml)
-DURATIONS = json.loads((REPO / "tests" / "env_durations.json").read_text())
+DURATIONS = env_runner.expected_durations(REPO / env_runner.DURATIONS_FILE, cold=True)  # seconds, as the site plans
 MEMORY = json.loads((REPO / "tests" / "env_memory.json").read_text())
 FAILED_ENV = "maxtext-0.2.2"  # the results below fail this one: a failure must show, whatever else passed
 MOCKED_ROW = "0.2.0"  # and list this row as mocked: its allowed cells must say so
