@@ -220,6 +220,40 @@ def test_proofs_are_read_from_the_junit_file(tmp_path):
             assert (REPO / f).is_file(), f"{f} is a proof file of the report and must exist"
 
 
+def test_the_report_says_which_families_each_environment_proved_with_real_weights(tmp_path):
+    """Counted from the junit file like the other proofs: a failed or skipped test of a family proves nothing."""
+    from maxtext_compat.report import results
+
+    (tmp_path / "junit").mkdir()
+    (tmp_path / "junit" / "maxtext-0.2.5.xml").write_text(
+        '<testsuite tests="4">'
+        '<testcase classname="tests.compat.test_real_gemma3" name="a"/>'
+        '<testcase classname="tests.compat.test_serving_real_gemma3" name="b"/>'
+        '<testcase classname="tests.compat.test_serving_real_model.TestX" name="c"><skipped/></testcase>'
+        '<testcase classname="tests.compat.test_real_model" name="d"><failure/></testcase>'
+        "</testsuite>"
+    )
+    (tmp_path / "junit" / "maxtext-0.1.0.xml").write_text(
+        '<testsuite tests="1"><testcase classname="tests.compat.test_real_model" name="a"/></testsuite>'
+    )
+    assert evidence.real_weights(tmp_path / "junit" / "maxtext-0.2.5.xml") == {"Gemma 3 270M": 2}
+    assert evidence.real_weights(tmp_path / "missing.xml") == {}
+    runs = [results.EnvResult(name=n, maxtext=n.split("-")[1], passed=1) for n in ("maxtext-0.2.5", "maxtext-0.1.0")]
+    results.write_reports(runs, MATRIX, tmp_path, screenshot=False)
+    data = json.loads((tmp_path / "compat-report.json").read_text())
+    assert {e["name"]: e["real_weights"] for e in data["envs"]} == {
+        "maxtext-0.2.5": {"Gemma 3 270M": 2},
+        "maxtext-0.1.0": {"SmolLM2-135M (Llama)": 1},
+    }
+    text = (tmp_path / "compat-report.md").read_text()
+    section = text.split("## Model families proven with real weights", 1)[1].split("##", 1)[0]
+    assert "- maxtext-0.2.5: Gemma 3 270M (2 tests passed)" in section
+    assert "- maxtext-0.1.0: SmolLM2-135M (Llama) (1 tests passed)" in section
+    for files in evidence.REAL_WEIGHT_FILES.values():
+        for f in files:
+            assert (REPO / f).is_file(), f"{f} is a real-weights file of the report and must exist"
+
+
 def test_an_environment_with_no_result_is_not_run_and_a_planned_page_says_so():
     data = grid.planned_results(MATRIX, DURATIONS)
     g = grid.build_grid(data, MATRIX)

@@ -87,6 +87,10 @@ SCRIPT = """
       var p = r.proofs || {};
       row(dl, "real serve tests", String(p.serve || 0));
       row(dl, "real kernel tests", String(p.kernel || 0));
+      var w = r.real_weights || {};
+      var fams = Object.keys(w).sort();
+      var proven = fams.map(function (f) { return f + " (" + w[f] + ")"; });
+      row(dl, "real weights", proven.length ? proven.join(", ") : "none");
       var v = r.versions || {};
       var names = Object.keys(v).sort();
       if (names.length) { row(dl, "installed", names.map(function (k) { return k + " " + v[k]; }).join(", ")); }

@@ -97,10 +97,13 @@ def write_reports(
         ],
     }
     envs_out = typing.cast(list[dict[str, object]], data["envs"])
-    for env in envs_out:  # what each proved (a real server, the real kernel), from its junit file
-        env["proofs"] = report_evidence.proofs(out_dir / "junit" / f"{env['name']}.xml")
+    for env in envs_out:  # what each proved (a real server, the real kernel, real weights), from its junit file
+        junit = out_dir / "junit" / f"{env['name']}.xml"
+        env["proofs"], env["real_weights"] = report_evidence.proofs(junit), report_evidence.real_weights(junit)
     (out_dir / "compat-report.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
-    (out_dir / "compat-report.md").write_text(render_markdown(results, m, claims=claims), encoding="utf-8")
+    weights = {str(env["name"]): typing.cast(dict[str, int], env["real_weights"]) for env in envs_out}
+    markdown = render_markdown(results, m, claims=claims, real_weights=weights)
+    (out_dir / "compat-report.md").write_text(markdown, encoding="utf-8")
     report_page.write(data, m, out_dir, screenshot=screenshot)
 
 
@@ -117,7 +120,13 @@ def render_table(results: Sequence[EnvResult]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(results: Sequence[EnvResult], m: CompatMatrix, *, claims: bool = True) -> str:
+def render_markdown(
+    results: Sequence[EnvResult],
+    m: CompatMatrix,
+    *,
+    claims: bool = True,
+    real_weights: dict[str, dict[str, int]] | None = None,
+) -> str:
     lines = [
         "# Compat test matrix report",
         "",
@@ -130,6 +139,13 @@ def render_markdown(results: Sequence[EnvResult], m: CompatMatrix, *, claims: bo
             f"| {r.name} | {r.maxtext or '-'} | {vers} | {r.passed} | {r.failed + r.errors} | {r.skipped} | "
             f"{r.duration_s:.0f} | {r.peak_memory_gb:.1f} | {r.status} |"
         )
+    if real_weights is not None:  # which model families each environment proved with real weights (its junit file)
+        lines += ["", "## Model families proven with real weights", ""]
+        proven = [(r.name, real_weights.get(r.name) or {}) for r in results]
+        lines += [f"- {name}: " + ", ".join(f"{fam} ({n} tests passed)" for fam, n in fams.items())
+                  for name, fams in proven if fams]  # fmt: skip
+        if not any(fams for _, fams in proven):
+            lines.append("None in this run.")
     if not claims:  # a user's run of the pin sets: their tests in each, nothing said about rows it did not run
         return "\n".join(lines) + "\n"
     lines += ["", "## Rows covered only by mocked versions", ""]
