@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from maxtext_compat.contract import FiniteFloat, PositiveInt, checked
-from maxtext_compat.convert.gguf_llama import check_tensors
+from maxtext_compat.convert.gguf_llama import check_tensors, hf_tensor_name, metadata_value
 from maxtext_compat.errors import InvalidArgumentError
 
 ARCHITECTURE = "gemma3"
@@ -71,13 +71,8 @@ class Gemma3Checkpoint:
     source: str
 
 
-def _value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
 def _required(reader: Any, key: str, where: str) -> Any:
-    value = _value(reader, key)
+    value = metadata_value(reader, key)
     if value is None:
         raise InvalidArgumentError(
             f"{where} does not state a fact a Gemma 3 model needs",
@@ -97,7 +92,7 @@ def read_gemma3_shape(reader: Any, where: str = "the GGUF file") -> Gemma3Shape:
         return _required(reader, f"{a}.{key}", where)
 
     def arch_fact(key: str) -> Any:
-        value = _value(reader, f"{a}.{key}")
+        value = metadata_value(reader, f"{a}.{key}")
         return ARCHITECTURE_FACTS[key] if value is None else value
 
     key_length, value_length = int(req("attention.key_length")), int(req("attention.value_length"))
@@ -110,7 +105,7 @@ def read_gemma3_shape(reader: Any, where: str = "the GGUF file") -> Gemma3Shape:
         problems.append(("attention.sliding_window_pattern", MAXTEXT_PATTERN, pattern))
     if layers == 62:  # the 27B: llama.cpp scales queries by 1/sqrt(hidden / heads), not 1/sqrt(key_length)
         problems.append(("block_count", "a Gemma 3 size scaled by 1/sqrt(key_length) (1B, 4B, 12B, 270M)", layers))
-    scaling = _value(reader, f"{a}.rope.scaling.type")
+    scaling = metadata_value(reader, f"{a}.rope.scaling.type")
     if scaling not in (None, "none"):
         problems.append(("rope.scaling.type", "none (Gemma 3 270M/1B)", scaling))
     if problems:
@@ -123,7 +118,8 @@ def read_gemma3_shape(reader: Any, where: str = "the GGUF file") -> Gemma3Shape:
             fix="convert a Gemma 3 270M, 1B, 4B or 12B text model without RoPE scaling",
         )
     tokens = _required(reader, "tokenizer.ggml.tokens", where)
-    bos, eos = _value(reader, "tokenizer.ggml.bos_token_id"), _value(reader, "tokenizer.ggml.eos_token_id")
+    bos = metadata_value(reader, "tokenizer.ggml.bos_token_id")
+    eos = metadata_value(reader, "tokenizer.ggml.eos_token_id")
     names = {t.name for t in reader.tensors}
     return Gemma3Shape(
         layers=layers,
@@ -139,12 +135,12 @@ def read_gemma3_shape(reader: Any, where: str = "the GGUF file") -> Gemma3Shape:
         sliding_window_pattern=pattern,
         query_pre_attn_scalar=float(key_length),
         rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-        attn_logit_softcap=float(_value(reader, f"{a}.attn_logit_softcapping") or 0.0),
-        final_logit_softcap=float(_value(reader, f"{a}.final_logit_softcapping") or 0.0),
+        attn_logit_softcap=float(metadata_value(reader, f"{a}.attn_logit_softcapping") or 0.0),
+        final_logit_softcap=float(metadata_value(reader, f"{a}.final_logit_softcapping") or 0.0),
         context_length=int(req("context_length")),
         bos_token_id=None if bos is None else int(bos),
         eos_token_id=None if eos is None else int(eos),
-        add_bos_token=bool(_value(reader, "tokenizer.ggml.add_bos_token")),
+        add_bos_token=bool(metadata_value(reader, "tokenizer.ggml.add_bos_token")),
         tied_embeddings="output.weight" not in names,
     )
 
@@ -170,13 +166,7 @@ _LAYER = {
 
 
 def hf_name(gguf_name: str) -> str | None:
-    if gguf_name in _GLOBAL:
-        return _GLOBAL[gguf_name]
-    if gguf_name.startswith("blk."):
-        _, index, rest = gguf_name.split(".", 2)
-        if rest in _LAYER:
-            return f"model.layers.{int(index)}.{_LAYER[rest]}"
-    return None
+    return hf_tensor_name(gguf_name, _GLOBAL, _LAYER)
 
 
 def expected_shapes(shape: Gemma3Shape) -> dict[str, tuple[int, ...]]:

@@ -42,7 +42,7 @@ class LlamaShape:
     eos_token_id: int | None
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
+def metadata_value(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -50,7 +50,7 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def read_shape(reader: Any, path: str = "the GGUF file") -> LlamaShape:
-    arch = _field(reader, "general.architecture")
+    arch = metadata_value(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise InvalidArgumentError(
             f"{path} holds a {arch!r} model",
@@ -60,25 +60,25 @@ def read_shape(reader: Any, path: str = "the GGUF file") -> LlamaShape:
             fix="convert a Llama-family GGUF (Llama, SmolLM2, TinyLlama, ...) or a Gemma 3 one",
         )
     names = {t.name for t in reader.tensors}
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
-    head_dim = int(_field(reader, f"{arch}.rope.dimension_count", hidden // heads))
+    heads = int(metadata_value(reader, f"{arch}.attention.head_count"))
+    hidden = int(metadata_value(reader, f"{arch}.embedding_length"))
+    head_dim = int(metadata_value(reader, f"{arch}.rope.dimension_count", hidden // heads))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens is not None else 0))
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    vocab = int(metadata_value(reader, f"{arch}.vocab_size", len(tokens.data) if tokens is not None else 0))
+    bos = metadata_value(reader, "tokenizer.ggml.bos_token_id")
+    eos = metadata_value(reader, "tokenizer.ggml.eos_token_id")
     return LlamaShape(
-        layers=int(_field(reader, f"{arch}.block_count")),
+        layers=int(metadata_value(reader, f"{arch}.block_count")),
         hidden=hidden,
-        mlp=int(_field(reader, f"{arch}.feed_forward_length")),
+        mlp=int(metadata_value(reader, f"{arch}.feed_forward_length")),
         heads=heads,
-        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        kv_heads=int(metadata_value(reader, f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
         vocab=vocab,
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(metadata_value(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=float(metadata_value(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         tied_embeddings="output.weight" not in names,
-        context_length=int(_field(reader, f"{arch}.context_length", 2048)),
+        context_length=int(metadata_value(reader, f"{arch}.context_length", 2048)),
         bos_token_id=None if bos is None else int(bos),
         eos_token_id=None if eos is None else int(eos),
     )
@@ -113,14 +113,20 @@ _LAYER = {
 }
 
 
-def hf_name(gguf_name: str) -> str | None:
-    if gguf_name in _GLOBAL:
-        return _GLOBAL[gguf_name]
+def hf_tensor_name(gguf_name: str, global_names: dict[str, str], layer_names: dict[str, str]) -> str | None:
+    """A GGUF tensor's Hugging Face name by a family's tables (`blk.N.x` -> `model.layers.N.<layer_names[x]>`);
+    None for a tensor the family does not have."""
+    if gguf_name in global_names:
+        return global_names[gguf_name]
     if gguf_name.startswith("blk."):
         _, index, rest = gguf_name.split(".", 2)
-        if rest in _LAYER:
-            return f"model.layers.{int(index)}.{_LAYER[rest]}"
+        if rest in layer_names:
+            return f"model.layers.{int(index)}.{layer_names[rest]}"
     return None
+
+
+def hf_name(gguf_name: str) -> str | None:
+    return hf_tensor_name(gguf_name, _GLOBAL, _LAYER)
 
 
 def expected_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:

@@ -31,9 +31,11 @@ def tokenizer_from_gguf(reader: Any) -> Any:
     """A `tokenizers.Tokenizer` equal to the model's own (byte-level BPE)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+    from maxtext_compat.convert.gguf_llama import metadata_value
+
     kind = reader.fields["tokenizer.ggml.model"].contents()
-    pre = reader.fields["tokenizer.ggml.pre"].contents() if "tokenizer.ggml.pre" in reader.fields else "default"
-    arch = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else None
+    pre = metadata_value(reader, "tokenizer.ggml.pre", "default")
+    arch = metadata_value(reader, "general.architecture")
     if kind == "llama" and arch in SENTENCEPIECE_ARCHITECTURES:
         return _gemma_sentencepiece(reader)
     if kind != "gpt2" or pre not in PRE_TOKENIZERS:

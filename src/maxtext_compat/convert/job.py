@@ -57,13 +57,13 @@ def read_source(src: str | Path) -> tuple[Checkpoint, Any, str | None]:
         import gguf
 
         from maxtext_compat.convert.gguf_gemma3 import ARCHITECTURE, gemma3_checkpoint_from_reader
-        from maxtext_compat.convert.gguf_llama import checkpoint_from_reader
+        from maxtext_compat.convert.gguf_llama import checkpoint_from_reader, metadata_value
         from maxtext_compat.convert.gguf_tokenizer import tokenizer_from_gguf
 
         reader = gguf.GGUFReader(str(p))
         template = reader.fields.get("tokenizer.chat_template")
         chat = template.contents() if template else None
-        arch = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else None
+        arch = metadata_value(reader, "general.architecture")
         read = gemma3_checkpoint_from_reader if arch == ARCHITECTURE else checkpoint_from_reader
         return read(reader, p), tokenizer_from_gguf(reader), chat
     if p.is_dir():
