@@ -1,8 +1,8 @@
-"""Checkpoint conversion: a Llama-family GGUF file or Hugging Face directory -> MaxText and vLLM.
+"""Checkpoint conversion: a GGUF file (Llama family or Gemma 3) or Hugging Face directory -> MaxText and vLLM.
 
     from maxtext_compat import convert
     result = convert.convert("model.gguf", "out/")   # vLLM model dir + MaxText checkpoint (all or nothing)
-    ckpt = convert.read_gguf("model.gguf")           # Hugging Face-named float32 tensors + shape
+    ckpt = convert.read_gguf("model.gguf")           # a Llama-family file: Hugging Face-named float32 tensors + shape
     flat = convert.to_maxtext(ckpt)                   # {path: array} for weights.load_params
     cfg_overrides = convert.maxtext_overrides(ckpt.shape)
 
