@@ -44,7 +44,7 @@ def _step(head_dim: int, dtype: str, batch: str, seed: int):
                             pages_per_seq=PER_SEQ, seed=seed)  # fmt: skip
 
 
-def _dispatch(step, scale: float):
+def _dispatch(step, scale: float, **features):
     import jax
 
     from maxtext_compat import paged, rpa
@@ -52,7 +52,8 @@ def _dispatch(step, scale: float):
     mesh = paged.make_mesh(1)
     cache = jax.device_put(step.kv_cache, step.layout.sharding(mesh))
     with _precision(step.layout.dtype):
-        return rpa.ragged_paged_attention(step.q, step.k, step.v, cache, step.metadata, mesh=mesh, sm_scale=scale)
+        return rpa.ragged_paged_attention(step.q, step.k, step.v, cache, step.metadata, mesh=mesh, sm_scale=scale,
+                                          **features)  # fmt: skip
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))
@@ -69,6 +70,45 @@ def test_compiled_kernel_equals_the_float64_reference(tier, config, batch):
     err = float(np.abs(got - ref.out).max())
     assert err <= TOL[dtype], f"{config} {batch}: max abs error {err:.3g} > {TOL[dtype]}"
     np.testing.assert_array_equal(np.asarray(new_cache), ref.kv_cache)  # element for element
+
+
+# What models ask of the compiled kernel beyond plain causal attention: Gemma 3's local layers a sliding window (the
+# window cuts every batch here: contexts of 16 to 64 tokens), gpt-oss's attention sinks (the head_dim-64 kernel).
+# The tier's tpu-inference (0.25.0) has no soft cap (0.27.0 added it; refused, typed: tests/compat/test_paged_rpa.py).
+FEATURES = {
+    "window-v3-f32": (128, "float32", "sliding_window"),
+    "window-v3-bf16": (128, "bfloat16", "sliding_window"),
+    "window-hd64-f32": (64, "float32", "sliding_window"),
+    "sinks-hd64-bf16": (64, "bfloat16", "attention_sink"),
+}
+WINDOW = 12
+
+
+@pytest.mark.parametrize("batch", ["decode", "mixed"])
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_compiled_kernel_features_equal_the_float64_reference(tier, feature, batch):
+    """The feature changes the answer (the reference with and without it differ by far more than the tolerance),
+    and the kernel gives the reference's answer with it; the cache equal element for element."""
+    import jax.numpy as jnp
+
+    head_dim, dtype, name = FEATURES[feature]
+    step = _step(head_dim, dtype, batch, seed=11 + head_dim)
+    if name == "sliding_window":
+        kw = {"sliding_window": WINDOW}
+    else:
+        kw = {"attention_sink": jnp.asarray(np.random.default_rng(5).standard_normal(4) * 2, jnp.float32)}
+    scale = head_dim**-0.5
+    out, new_cache = _dispatch(step, scale, **kw)
+    args = (step.q, step.k, step.v, step.kv_cache, step.metadata, step.layout)
+    ref = reference_ragged_attention(*args, sm_scale=scale, **kw)
+    plain = reference_ragged_attention(*args, sm_scale=scale)
+    n = step.metadata.num_tokens
+    effect = float(np.abs(ref.out - plain.out).max())
+    assert effect > 5 * TOL[dtype], f"{feature} {batch}: the {name} moves the answer by only {effect:.3g}"
+    got = np.asarray(out[:n]).astype(np.float64)
+    err = float(np.abs(got - ref.out).max())
+    assert err <= TOL[dtype], f"{feature} {batch}: max abs error {err:.3g} > {TOL[dtype]} ({name} {effect:.3g})"
+    np.testing.assert_array_equal(np.asarray(new_cache), ref.kv_cache)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

@@ -78,3 +78,47 @@ def test_a_stage_needs_only_its_own_parts_and_a_missing_one_is_named(tmp_path):
     missing = parts.join(fresh, tmp_path / "parts", need=[model])
     assert missing and "part-1" not in missing  # the model stage names the parts still to carry
     assert not any(p.name.endswith(".partial") for p in fresh.rglob("*"))
+
+
+def test_a_last_stage_starts_a_part_of_its_own_and_leaves_the_earlier_parts_as_they_were(tmp_path):
+    """Adding a stage's wheels with `--last` changes what no earlier part holds (the same files by name: the calls
+    that carried them are the same calls), they travel as they are from the first part after, and joining them needs
+    only those."""
+    wheels, first, model, _ = _setup(tmp_path)
+    before = tmp_path / "before"
+    parts.split(wheels, before, limit_mib=1.0, first=[first], big_mib=1.0)
+    late = {"late-1.0-py3-none-any.whl": {"late/model.gguf": os.urandom(int(1.5 * MIB))},
+            "late_parts-1.0-py3-none-any.whl": {"late_parts/__init__.py": b"y = 1\n"}}  # fmt: skip
+    for name, members in late.items():
+        _wheel(wheels, name, members)
+    last = tmp_path / "last.txt"
+    last.write_text("late==1.0\nlate-parts==1.0\n")
+    after = tmp_path / "after"
+    parts.split(wheels, after, limit_mib=1.0, first=[first], big_mib=1.0, last=[last])
+    old = sorted(p.name for p in before.iterdir())
+    for name in old:  # the bundles are rebuilt (a tar's times differ), so what each part holds, not its bytes
+        files = {f.name for f in (before / name).iterdir()} - {parts.MANIFEST}
+        assert files == {f.name for f in (after / name).iterdir()} - {parts.MANIFEST}, name
+    new = sorted(set(p.name for p in after.iterdir()) - set(old))
+    assert new and all({f.name for f in (after / n).iterdir()} - {parts.MANIFEST} for n in new)
+    held = {f.name.split(".whl")[0] + ".whl" for n in new for f in (after / n).iterdir() if f.name != parts.MANIFEST}
+    assert held == set(late)  # the new parts hold the last stage's wheels and nothing else
+    for n in old:  # a machine that has only the new parts can join the last stage
+        for f in (after / n).iterdir():
+            if f.name != parts.MANIFEST:
+                f.unlink()
+    got = tmp_path / "joined"
+    assert parts.join(got, after, need=[last]) == []
+    for name, members in late.items():
+        assert _members(got / name) == members
+    assert parts.join(got, after, need=[model])  # the earlier stages' parts are named as missing
+
+
+def test_a_last_pin_without_its_wheel_is_refused(tmp_path):
+    wheels, first, _, _ = _setup(tmp_path)
+    last = tmp_path / "last.txt"
+    last.write_text("absent==9.9\n")
+    import pytest
+
+    with pytest.raises(SystemExit, match=r"--last pins with no wheel.*absent"):
+        parts.split(wheels, tmp_path / "parts", limit_mib=1.0, first=[first], big_mib=1.0, last=[last])

