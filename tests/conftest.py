@@ -21,13 +21,6 @@ from pathlib import Path
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# On a CPU, LLVM's optimization passes are most of what compiling the suite's small programs costs, and compiling is
-# most of a cold run; level 0 keeps XLA's own HLO passes (fusion, layout: what is computed) and cut a cold run of four
-# compat files (three `vllm serve` starts among them) by 9 % wall, 18 % CPU. Every comparison in the suite is
-# between paths compiled the same way; serving subprocesses inherit the flag. The accelerator tier's runs (their
-# figures and the chip's own compiler) and a flag the caller set are left alone.
-if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 import pytest
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,17 +104,33 @@ ENV = {"TPU_MULTIHOST_BACKEND": "ray", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", 
        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # collective_rpc of a function (pickled), on loopback  # fmt: skip
 
 
-def _run(model_dir: Any, work: Any, second_host_env: dict[str, str]) -> dict[str, Any]:
-    """One run of RUN (a fresh two-node cluster); its reports: NODES, STATES, TOKENS (or FAILED), and its log."""
+def _ray_sessions(folder: Path) -> set[str]:
+    return {p.name for p in folder.glob("session_2*")} if folder.is_dir() else set()
+
+
+def _run(
+    model_dir: Any, work: Any, second_host_env: dict[str, str], env_more: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One run of RUN (a fresh two-node cluster); its reports: NODES, STATES, TOKENS (or FAILED), its log, and
+    where Ray kept its session files: a folder of the run's own (RAY_TMPDIR; short, as the raylets' socket paths
+    must be), removed with everything in it when the run ends, instead of Ray's default /tmp/ray, which outlives it."""
     script = work / "ray_run.py"
     script.write_text(RUN)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAXTEXT_COMPAT_") or k == "MAXTEXT_COMPAT_ENV"}
     argv = [sys.executable, str(script), str(model_dir.out), "32", str(TOKENS), json.dumps(second_host_env)]
-    out = subprocess.run(argv, cwd=work, env={**env, **ENV}, capture_output=True, text=True, timeout=1200,
-                         check=False)  # fmt: skip
+    default = Path(tempfile.gettempdir()) / "ray"
+    before = _ray_sessions(default)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="mcray-"))
+    try:
+        run_env = {**env, **ENV, **(env_more or {}), "RAY_TMPDIR": str(ray_tmp)}
+        out = subprocess.run(argv, cwd=work, env=run_env, capture_output=True, text=True, timeout=1200, check=False)
+        sessions = _ray_sessions(ray_tmp / "ray")
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     log = out.stdout + out.stderr
     (work / "ray_run.log").write_text(log)
-    got: dict[str, Any] = {"log": log, "returncode": out.returncode}
+    got: dict[str, Any] = {"log": log, "returncode": out.returncode, "ray_sessions": sessions,
+                           "new_default_sessions": _ray_sessions(default) - before, "ray_tmp": ray_tmp}  # fmt: skip
     for line in out.stdout.splitlines():
         key, _, value = line.partition(" ")
         if key in ("NODES", "STATES", "TOKENS", "FAILED"):
@@ -136,6 +155,10 @@ def test_two_raylets_each_declare_the_tpu_resource(ray_run):
 
 
 def test_one_worker_per_node_each_registered_the_same_row_and_shims(ray_run):
+    _same_row_and_shims_on_each_node(ray_run)
+
+
+def _same_row_and_shims_on_each_node(ray_run: dict[str, Any]) -> None:
     states = _states(ray_run)
     assert len(states) == 2 and len({s["node"] for s in states}) == 2, states  # one worker on each raylet
     assert {s["node"] for s in states} == {n["node"] for n in ray_run["NODES"]}
@@ -169,6 +192,13 @@ def test_the_cpu_wall_each_worker_runs_the_whole_model_in_its_own_jax(ray_run):
         assert s["weight_bytes"] > 400e6, s
 
 
+def test_ray_kept_its_files_in_the_runs_folder_and_nothing_is_left(ray_run):
+    """Ray wrote its session (logs, sockets) where the run said, not into /tmp/ray, and the folder is gone."""
+    assert ray_run["ray_sessions"], f"no Ray session under {ray_run['ray_tmp']}: RAY_TMPDIR was not used"
+    assert not ray_run["new_default_sessions"], ray_run["new_default_sessions"]
+    assert not ray_run["ray_tmp"].exists()
+
+
 @pytest.mark.extended
 def test_a_host_set_up_differently_stops_start_up_naming_it(smollm2_dir, tmp_path):
     """The second host's environment sets the RPA kernel (its raylet and its worker see it; the engine's host does
@@ -179,3 +209,17 @@ def test_a_host_set_up_differently_stops_start_up_naming_it(smollm2_dir, tmp_pat
     assert got["returncode"] != 0 and "STATES" not in got and "FAILED" in got, log[-3000:]
     assert "PluginMismatchError" in log and "settings.rpa_kernel: engine None, here 'pallas'" in log, log[-4000:]
     assert f"on host {socket.gethostname()}" in log and "--additional-config" in log, log[-4000:]
+
+
+@pytest.mark.extended
+def test_tpu_inferences_first_ray_executor_serves_alike(smollm2_dir, tmp_path, reference):
+    """VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0: tpu-inference's RayDistributedExecutor (the one before V2, vLLM's default
+    now) places the workers: one per node, the same row, shims and fingerprint as the engine's, the same answer."""
+    got = _run(smollm2_dir, tmp_path, {}, {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0"})
+    log = got["log"]
+    assert "Force using RayDistributedExecutor for JAX on multihost" in log, log[-3000:]
+    _same_row_and_shims_on_each_node(got)
+    engine = _states(got)[0]["engine_fingerprint"]
+    assert engine and all(s["fingerprint"] == engine for s in _states(got)), _states(got)
+    assert got.get("TOKENS") == reference.greedy[0][:TOKENS], (got.get("FAILED"), log[-3000:])
+    assert got["ray_sessions"] and not got["ray_tmp"].exists()

@@ -7,8 +7,10 @@ equal transformers' greedy decode of the same file (its cached reading, tests/co
 our tokenizer's decoding of them, and each chosen token's logprob transformers' log-softmax within LOGPROB_TOLERANCE.
 MaxText 0.2.5 natively (its vllm_rpa attention gives the local layers the RPA kernel's sliding window) and 0.1.0
 through the backport (measured: max |served logprob - transformers'| 1.1e-2 on both). The weights need more than the
-CPU shim's default 1 GiB per device (MAXTEXT_COMPAT_CPU_HBM_GB). Gemma 3 270M's GGUF file carries no chat template,
-so /v1/chat/completions is not exercised here.
+CPU shim's default 1 GiB per device (MAXTEXT_COMPAT_CPU_HBM_GB). Gemma 3 270M's GGUF file carries no chat template
+(`convert` writes none, rather than guess one), so the server is given the user's own with vLLM's `--chat-template`
+(Gemma's turn format, USER_TEMPLATE): /v1/chat/completions renders it, and the answer is transformers' greedy decode
+of the very ids the server rendered.
 """
 
 from __future__ import annotations
@@ -49,10 +51,21 @@ def gemma3_reference():
     return g3.reference(g3.gemma3_gguf(), hf_reference_dir())
 
 
+# What a user who has Gemma's turn format (Google's prompt-formatting guide) passes with --chat-template.
+USER_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
 @pytest.fixture(scope="module")
 def server(gemma3_dir, tmp_path_factory):
-    with serve(gemma3_dir, tmp_path_factory.mktemp("serve-gemma3"), max_len=MAX_LEN,
-               env={"MAXTEXT_COMPAT_CPU_HBM_GB": "3"}) as srv:  # fmt: skip
+    work = tmp_path_factory.mktemp("serve-gemma3")
+    template = work / "gemma_turns.jinja"
+    template.write_text(USER_TEMPLATE, encoding="utf-8")
+    with serve(gemma3_dir, work, max_len=MAX_LEN, env={"MAXTEXT_COMPAT_CPU_HBM_GB": "3"},
+               flags=("--chat-template", str(template))) as srv:  # fmt: skip
         yield srv
 
 
@@ -99,3 +112,31 @@ def _check_logprobs(body, reference, index: int) -> None:
     worst = max(abs(a - b) for a, b in zip(served, want, strict=True))
     print(f"[gemma3] max |served logprob - transformers'| = {worst:.2e}", file=sys.stderr)
     assert all(math.isfinite(x) for x in served) and worst < LOGPROB_TOLERANCE, (worst, served, want)
+
+
+def test_a_chat_request_renders_the_given_template_and_answers_with_transformers_tokens(server, gemma3_reference,
+                                                                                        gemma3_dir):  # fmt: skip
+    """The server rendered QUESTION through the user's template (jinja2 here renders the same text; our tokenizer,
+    without adding specials, the same ids: one <bos>), and its answer is transformers' greedy decode of those ids,
+    up to where the first of the two stopped."""
+    import jinja2
+    from tokenizers import Tokenizer
+
+    from helpers import conformance as cf
+    from maxtext_compat.testing import real_model as rm
+
+    status, body = cf.post_json(server.url, "/v1/chat/completions", {
+        "model": server.model, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "return_token_ids": True,
+    }, timeout=REQUEST_TIMEOUT)  # fmt: skip
+    assert status == 200, f"HTTP {status}: {body}\n--- server log ---\n{server.log_tail()}"
+    tokenizer = Tokenizer.from_file(f"{gemma3_dir.out}/tokenizer.json")
+    text = jinja2.Template(USER_TEMPLATE).render(messages=QUESTION, add_generation_prompt=True, bos_token="<bos>")
+    prompt = body["prompt_token_ids"]
+    assert prompt == tokenizer.encode(text, add_special_tokens=False).ids and prompt.count(2) == 1, prompt
+    choice = body["choices"][0]
+    got = choice["token_ids"]
+    want = rm.hf_greedy(gemma3_reference.model, [prompt], 8)[0]
+    print(f"[gemma3] chat -> {choice['message']['content']!r} ({choice['finish_reason']})", file=sys.stderr)
+    n = min(len(got), len(want))  # each stops at its end-of-turn ids (vLLM's from the directory, transformers')
+    assert n and got[:n] == want[:n], f"served {got} vs transformers {want}"
+    assert len(got) == 8 or choice["finish_reason"] == "stop", choice

@@ -111,3 +111,82 @@ def test_extended_in_makes_a_test_extended_in_the_named_environments_only(
     _write(suite, "@pytest.mark.extended_in('maxtext-0.2.5')\ndef test_repeat(): pass\ndef test_plain(): pass\n")
     res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider", *(["-m", "extended"] if extended else []))
     res.assert_outcomes(passed=passed, deselected=deselected)
+
+
+def _extended_envs(source: str) -> set[str]:
+    """The environments a test module's extended tests may run in, read from its source: the names of every
+    `extended_in(...)`, and, where a test is plainly `extended`, every name its module's `envs(...)` markers give
+    (literal strings, or module-level names of a string or a tuple, passed as NAME or `*NAME`, bound in the module or
+    imported from tests/helpers). More than exact, never less."""
+    import ast
+    import importlib
+
+    tree = ast.parse(source)
+    constants: dict[str, object] = {}
+    imported: dict[str, tuple[str, str]] = {}  # name -> (helpers module, attribute): imported only if a marker uses it
+    for n in tree.body:  # module-level names bound to literals, and names imported from tests/helpers
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple | ast.Constant):
+            try:
+                value = ast.literal_eval(n.value)
+            except ValueError:
+                continue
+            constants.update({t.id: value for t in n.targets if isinstance(t, ast.Name)})
+        elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("helpers"):
+            imported.update({a.asname or a.name: (n.module or "", a.name) for a in n.names})
+    calls: dict[str, list[ast.expr]] = {"envs": [], "extended_in": []}
+    plain = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "extended" and ast.unparse(node.value) == "pytest.mark":
+            plain = True
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in calls
+                and ast.unparse(node.func.value) == "pytest.mark"):  # fmt: skip
+            calls[node.func.attr].extend(node.args)
+
+    def value(name: str) -> object:
+        if name in constants:
+            return constants[name]
+        module, attribute = imported[name]
+        return getattr(importlib.import_module(module), attribute)
+
+    def names(args: list[ast.expr]) -> set[str]:
+        out: set[str] = set()
+        for arg in args:
+            if isinstance(arg, ast.Starred) and isinstance(arg.value, ast.Name):
+                out |= set(value(arg.value.id))  # type: ignore[call-overload]
+            elif isinstance(arg, ast.Name):
+                out.add(str(value(arg.id)))
+            else:
+                out.add(ast.literal_eval(arg))
+        return out
+
+    return names(calls["extended_in"]) | (names(calls["envs"]) if plain else set())
+
+
+def test_make_test_extended_runs_every_environment_an_extended_test_runs_in():
+    """A test marked extended in an environment `make test-extended` does not list would never run anywhere (the
+    data-parallel load run and the Ray mismatch did not, until this check)."""
+    import re
+
+    recipe = re.search(r"^test-extended:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), flags=re.M)
+    assert recipe, "the Makefile has a test-extended target"
+    commands = re.split(r"(?<!\\)\n", recipe.group(1))  # one per recipe line, continuations joined
+    extended = [c for c in commands if "-m extended" in c]
+    assert len(extended) == 1, commands
+    listed = set(re.findall(r"\b(maxtext-[\w.-]+|tpu-inference-[\w.-]+)", extended[0]))
+    needed = {}
+    for path in sorted((REPO / "tests" / "compat").glob("test_*.py")):
+        for env in _extended_envs(path.read_text(encoding="utf-8")):
+            needed.setdefault(env, []).append(path.name)
+    assert needed and listed, (needed, listed)
+    missing = {env: files for env, files in needed.items() if env not in listed}
+    assert not missing, f"make test-extended does not run {missing}: add them to its environment list"
+
+
+def test_the_extended_reader_sees_each_way_a_module_names_environments():
+    source = (
+        "import pytest\nALL = ('maxtext-0.2.4', 'maxtext-0.2.0')\n"
+        "pytestmark = [pytest.mark.envs(*ALL), pytest.mark.extended_in('maxtext-0.1.0')]\n"
+        "@pytest.mark.envs('maxtext-0.2.2')\n@pytest.mark.extended\ndef test_a(): pass\n"
+    )
+    assert _extended_envs(source) == {"maxtext-0.2.4", "maxtext-0.2.0", "maxtext-0.1.0", "maxtext-0.2.2"}
+    assert _extended_envs(source.replace("@pytest.mark.extended\n", "")) == {"maxtext-0.1.0"}
