@@ -59,6 +59,19 @@ def test_the_run_says_what_it_left_out(suite, monkeypatch):
     )
 
 
+def test_the_modules_that_stay_large_in_the_process_run_last_each_whole(suite, monkeypatch):
+    """RUN_LAST's modules after every other (in their own order), each module whole, the rest as collected."""
+    monkeypatch.delenv("MAXTEXT_COMPAT_ENV", raising=False)
+    for name in ("test_real_gemma3", "test_convert_checkpoint", "test_b", "test_a"):
+        (suite.path / "tests" / f"{name}.py").write_text("def test_1(): pass\ndef test_2(): pass\n")
+    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider", "--collect-only", "-q")
+    files = [line.split("::")[0].rsplit("/", 1)[-1] for line in res.stdout.lines if "::" in line]
+    assert (
+        files
+        == ["test_a.py"] * 2 + ["test_b.py"] * 2 + ["test_convert_checkpoint.py"] * 2 + ["test_real_gemma3.py"] * 2
+    ), files
+
+
 def _write_unit(p: pytest.Pytester) -> None:
     (p.path / "tests" / "unit").mkdir()
     (p.path / "tests" / "unit" / "test_u.py").write_text(
