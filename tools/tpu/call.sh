@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 case ${1:-} in
   1) STAGE=core INSTALL=core SECTION=kernel,step ;;
-  2) STAGE=model INSTALL=all SECTION=model ;;
+  2) STAGE=model INSTALL=model SECTION=model ;;
   3) STAGE=gemma INSTALL=gemma SECTION= ;;
   parts)
     t0=$(date +%s)

