@@ -64,6 +64,13 @@ class Verdict:
         }
 
 
+def chosen_rows(logits: Any, prompt_len: int, new: int) -> list[Any]:
+    """The rows of one causal forward over prompt + tokens that chose tokens 0..new-1 (judge takes them per prompt)."""
+    import numpy as np
+
+    return [np.asarray(logits[prompt_len - 1 + k]) for k in range(new)]
+
+
 def judge(
     ours: Sequence[Sequence[int]],
     reference: Sequence[Sequence[int]],

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers.token_margin import Verdict, judge
+from helpers.token_margin import Verdict, chosen_rows, judge
 
 pytestmark = pytest.mark.tpu
 
@@ -71,10 +71,10 @@ def run(tier) -> dict[str, Any]:
     if ref.prompt_ids[: len(ids)] == ids:
         reference = [g[:new] for g in ref.greedy[: len(ids)]]
     else:  # the machine's transformers tokenizes the file otherwise: its model decodes our ids (see the docstring)
-        tier.record("gemma3-tokenizer", {"transformers": _version("transformers"), "ours": ids,
-                                         "transformers_ids": ref.prompt_ids[: len(ids)]})  # fmt: skip
+        # the version is in the "environment" record
+        tier.record("gemma3-tokenizer", {"ours": ids, "transformers_ids": ref.prompt_ids[: len(ids)]})
         reference = rm.hf_greedy(ref.model, ids, new)
-    ref_logits = [_rows(rm.hf_logits(ref.model, p + r), len(p), new) for p, r in zip(ids, reference, strict=True)]
+    ref_logits = [chosen_rows(rm.hf_logits(ref.model, p + r), len(p), new) for p, r in zip(ids, reference, strict=True)]
     seconds: dict[str, float] = {"read_file_and_reference": read_seconds}
     with jax.default_matmul_precision("highest"):
         t = time.perf_counter()
@@ -88,7 +88,7 @@ def run(tier) -> dict[str, Any]:
         whole = rm.maxtext_logits(cfg, mesh, model, [p + d for p, d in zip(ids, dense, strict=True)])
         seconds["dense_build_compile_decode"] = time.perf_counter() - t
         del model
-    dense_logits = [_rows(whole[i], len(p), new) for i, p in enumerate(ids)]
+    dense_logits = [chosen_rows(whole[i], len(p), new) for i, p in enumerate(ids)]
     return {
         "ckpt": ckpt,
         "ids": ids,
@@ -103,20 +103,6 @@ def run(tier) -> dict[str, Any]:
                      "dense": judge(dense, reference, dense_logits, ref_logits)},
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
     }  # fmt: skip
-
-
-def _version(dist: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _rows(logits: Any, prompt_len: int, new: int) -> list[np.ndarray]:
-    """The rows that chose tokens 0..new-1 from one causal forward over prompt + tokens."""
-    return [np.asarray(logits[prompt_len - 1 + k]) for k in range(new)]
 
 
 def _check(run: dict[str, Any], path: str, tier) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers.token_margin import Verdict, judge
+from helpers.token_margin import Verdict, chosen_rows, judge
 
 pytestmark = pytest.mark.tpu
 
@@ -35,7 +35,7 @@ def run(tier) -> dict[str, Any]:
     hf = ref.model
     same_ids = ref.prompt_ids[: len(ids)] == ids  # then its greedy answers are ours to compare with (a prefix)
     reference = [g[:new] for g in ref.greedy[: len(ids)]] if same_ids else rm.hf_greedy(hf, ids, new)
-    ref_logits = [_rows(rm.hf_logits(hf, p + r), len(p), new) for p, r in zip(ids, reference, strict=True)]
+    ref_logits = [chosen_rows(rm.hf_logits(hf, p + r), len(p), new) for p, r in zip(ids, reference, strict=True)]
     with jax.default_matmul_precision("highest"):
         _, _, served = rm.maxtext_model(ckpt, vllm=True)
         gen = PagedEngine(served, num_pages=16, page_size=16).generate(ids, new - 1)
@@ -47,7 +47,7 @@ def run(tier) -> dict[str, Any]:
         dense = rm.maxtext_greedy(cfg, mesh, model, ids, new)
         dense_seconds = time.perf_counter() - start
         whole = rm.maxtext_logits(cfg, mesh, model, [p + d for p, d in zip(ids, dense, strict=True)])
-    dense_logits = [_rows(whole[i], len(p), new) for i, p in enumerate(ids)]
+    dense_logits = [chosen_rows(whole[i], len(p), new) for i, p in enumerate(ids)]
     return {
         "prompts": list(prompts),
         "tokenizer": tokenizer,
@@ -59,11 +59,6 @@ def run(tier) -> dict[str, Any]:
         "seconds": {"paged_compile": gen.compile_seconds, "paged_compiles": gen.compiles,
                     "dense_build_compile_and_decode": dense_seconds},
     }  # fmt: skip
-
-
-def _rows(logits: Any, prompt_len: int, new: int) -> list[np.ndarray]:
-    """The rows that chose tokens 0..new-1 from one causal forward over prompt + tokens."""
-    return [np.asarray(logits[prompt_len - 1 + k]) for k in range(new)]
 
 
 def _check(run: dict[str, Any], path: str, tier) -> None:
