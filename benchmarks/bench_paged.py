@@ -62,7 +62,8 @@ def run(repeat: int) -> list[dict[str, str]]:
 
     from helpers.reference_attention import make_ragged_step
     from helpers.reference_attention import reference_ragged_attention as reference
-    from maxtext_compat import paged, rpa
+    from maxtext_compat import paged
+    from maxtext_compat.kernel import rpa
 
     mesh = paged.make_mesh(1)
     rows = []
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
+    from maxtext_compat.cpu import rpa as cpu_rpa
     from maxtext_compat.installed_kernel import installed_rpa
-    from maxtext_compat.shims import cpu_rpa
 
     status = cpu_rpa.install()
     found = installed_rpa()

@@ -5,7 +5,7 @@
 Why: serving a 30-layer model on CPU is usable only if the RPA kernel is fast. Three figures, all in one
 process on the converted weights: (1) MaxText's own dense decode (train-mode forward over the whole padded
 sequence each step, no KV cache) of 16 tokens for 4 prompts -- the native reference; (2) the same 16 tokens
-through the paged KV cache and MaxText's vLLM path with the XLA kernel (`maxtext_compat.rpa_xla`), the path a
+through the paged KV cache and MaxText's vLLM path with the XLA kernel (`maxtext_compat.kernel.rpa_xla`), the path a
 CPU server runs, as a ratio to (1); (3) one head_dim-64 RPA call of a 4-sequence decode batch: the XLA kernel vs
 the real kernel in Pallas interpret mode (the ratio is the speed-up). Every figure is the median of warm runs
 (compilation excluded); the greedy tokens of (1) and (2) must be equal or the figure is not written.
@@ -35,8 +35,8 @@ def _kernel_rows() -> list[dict[str, Any]]:
     import numpy as np
     from tpu_inference.kernels.ragged_paged_attention.v3 import kernel_hd64
 
-    from maxtext_compat import rpa_xla
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
+    from maxtext_compat.kernel import rpa_xla
 
     rng = np.random.default_rng(0)
     pages, page, heads, kv_heads, tokens, seqs = 64, 16, 9, 3, 16, 4
@@ -65,7 +65,7 @@ def _kernel_rows() -> list[dict[str, Any]]:
             "real model · RPA call, real kernel (Pallas interpret mode)", t_real * 1e3, "ms", how, spread=s_real
         ),
         run_all.row(
-            "real model · RPA call, XLA kernel (maxtext_compat.rpa_xla)",
+            "real model · RPA call, XLA kernel (maxtext_compat.kernel.rpa_xla)",
             t_xla * 1e3,
             "ms",
             how,
@@ -79,11 +79,11 @@ def run() -> list[dict[str, Any]]:
     run_all.cpu_env()
     import tpu_inference  # noqa: F401 - before MaxText
 
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     cpu_rpa.install()
+    from maxtext_compat.cpu import serving as cpu_serving
     from maxtext_compat.decode import PagedEngine
-    from maxtext_compat.shims import cpu_serving
     from maxtext_compat.testing import real_model as rm
 
     ckpt, tokenizer = rm.smollm2()

@@ -103,7 +103,7 @@ def _start() -> dict[str, Any]:
 
         _PROCESS.enter_context(rpa_xla_bound())
     elif DRY:
-        from maxtext_compat.shims import cpu_rpa
+        from maxtext_compat.cpu import rpa as cpu_rpa
 
         assert cpu_rpa.install().active
     count_cache_events()
@@ -143,7 +143,8 @@ def _kernel_shape(shape: Shape) -> dict[str, Any]:
     import numpy as np
 
     from helpers.reference_attention import make_ragged_step
-    from maxtext_compat import paged, rpa, rpa_xla
+    from maxtext_compat import paged
+    from maxtext_compat.kernel import rpa, rpa_xla
     from maxtext_compat.paged.metadata import metadata_arrays
 
     hd64 = shape.head_dim == 64

@@ -204,7 +204,7 @@ def run() -> list[dict[str, Any]]:
     if kernel:
         import tpu_inference  # noqa: F401 - before MaxText (0.1.0's TensorFlow protobuf vs tpu_info's probe)
 
-        from maxtext_compat.shims import cpu_rpa
+        from maxtext_compat.cpu import rpa as cpu_rpa
 
         cpu_rpa.install()  # the RPA kernel lowers only in interpret mode on CPU
     maxtext_profiles.register()

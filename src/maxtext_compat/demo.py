@@ -117,8 +117,8 @@ def _mesh(cfg: Any, vllm: bool) -> Any:
 
 
 def _ensure_kernel() -> None:
+    from maxtext_compat.cpu import rpa as cpu_rpa
     from maxtext_compat.installed_kernel import installed_rpa
-    from maxtext_compat.shims import cpu_rpa
 
     installed_rpa()  # typed error when tpu-inference is missing
     cpu_rpa.install()
@@ -170,9 +170,9 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     """SmolLM2 completing REAL_PROMPT through the serving path, against transformers' greedy decode."""
     import time
 
+    from maxtext_compat.cpu import serving as cpu_serving
     from maxtext_compat.decode import PagedEngine
     from maxtext_compat.env_runner import hf_reference_dir
-    from maxtext_compat.shims import cpu_serving
     from maxtext_compat.testing import real_model as rm
     from maxtext_compat.testing import tiny
 

@@ -45,6 +45,7 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
         report["stack_defects"] = _stack_defects(res, m)
     report["callers"] = _caller_convention(res)
     report["rpa_kernel"] = _rpa_kernel()
+    report["shims"] = _shims()
     report["active_patches"] = _active_patches()
     report["traced_before_install"] = _traced_before_install()
     report["side_effects"] = side_effects()
@@ -94,8 +95,8 @@ def _stack_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
 
 def _traced_before_install() -> dict[str, list[str]]:
     """Per installed profile, the jitted functions compiled before it (they may run unpatched code)."""
-    from maxtext_compat.shims import traced
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.patching import traced
+    from maxtext_compat.patching.ledger import active_patches
 
     profiles = dict.fromkeys(p.profile for p in active_patches())
     return {name: list(funcs) for name in profiles if (funcs := traced.compiled_before(name))}
@@ -118,22 +119,32 @@ def _caller_convention(res: Resolution | None) -> dict[str, Any]:
 
 def _rpa_kernel() -> dict[str, Any]:
     """Which RPA kernel a CPU server runs: in this process if the CPU serving shim is on, else the setting."""
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat import platforms
+    from maxtext_compat.cpu import serving as cpu_serving
 
     st = cpu_serving.status()
     try:
-        choice = cpu_serving.kernel_choice()
+        choice = platforms.kernel_choice()
     except CompatError as exc:
         return {"error": {"type": type(exc).__name__, "message": str(exc)}}
     return {
         "setting": choice or "unset",
-        "variable": cpu_serving.KERNEL_ENV,
+        "variable": platforms.KERNEL_ENV,
         "in_this_process": st.kernel if st is not None and st.active else None,
     }
 
 
+def _shims() -> list[dict[str, Any]]:
+    """Every shim of this process the same way: registered, installed, or asked for and why it did nothing."""
+    from maxtext_compat import shims  # registers MaxText's own shims, as any use of the profile API does
+    from maxtext_compat.patching import shim
+
+    shims.registered_profiles()
+    return [s.as_dict() for s in shim.statuses()]
+
+
 def _active_patches() -> list[dict[str, Any]]:
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.patching.ledger import active_patches
 
     return [p.as_dict() for p in active_patches()]
 
@@ -264,6 +275,9 @@ def render(report: dict[str, Any]) -> str:
         lines.extend(f"  {d['line']}" for d in stack)
     lines.extend(_render_callers(report["callers"]))
     lines.extend(_render_rpa_kernel(report["rpa_kernel"]))
+    for s in report["shims"]:
+        state = f"installed, {len(s['targets'])} target(s)" if s["active"] else s["reason"]
+        lines.append(f"shim {s['name']}: {state}")
     patches = report["active_patches"]
     lines.append(f"active patches: {len(patches) or 'none'}")
     for p in patches:

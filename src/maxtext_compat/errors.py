@@ -216,7 +216,7 @@ class RequestRefusedError(ShimRefusedError):
     """A served request asks for a feature the serving stack drops or fails on (a known defect of tpu-inference).
 
     Inside a vLLM server it is also vLLM's `VLLMValidationError`, so the client gets a 400 with vLLM's error
-    body naming the parameter (shims/serving_requests.py); catch this class in-process.
+    body naming the parameter (serving_fixes/request_defects.py); catch this class in-process.
 
     >>> from maxtext_compat.errors import RequestRefusedError
     >>> err = RequestRefusedError("frequency_penalty is ignored by tpu-inference's sampler",

@@ -296,15 +296,15 @@ def build_command(
 
 def _check_switches(environ: Mapping[str, str]) -> None:
     """The switches the vLLM processes will read, checked here so a typo stops `serve` at once."""
+    from maxtext_compat import platforms
     from maxtext_compat.convention.policy import STRICT_ENV
-    from maxtext_compat.shims import cpu_serving
     from maxtext_compat.switches import parse_flag
     from maxtext_compat.vllm_plugin import MODEL_ENV, model_choice, new_model_design
 
     parse_flag(STRICT_ENV, environ.get(STRICT_ENV))
-    cpu_serving.disabled_parts(environ.get(cpu_serving.DISABLE_ENV, ""))
-    cpu_serving.cpu_hbm_bytes(environ.get(cpu_serving.HBM_ENV, ""))
-    cpu_serving.kernel_choice(environ.get(cpu_serving.KERNEL_ENV, ""))
+    platforms.disabled_parts(environ.get(platforms.DISABLE_ENV, ""))
+    platforms.cpu_hbm_bytes(environ.get(platforms.HBM_ENV, ""))
+    platforms.kernel_choice(environ.get(platforms.KERNEL_ENV, ""))
     model_choice(environ.get(MODEL_ENV, ""))
     new_model_design(environ)
 

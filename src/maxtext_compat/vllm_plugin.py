@@ -2,13 +2,13 @@
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), possibly
 more than once per process. Each call, once per process:
-1. on a CPU-only jax (JAX_PLATFORMS=cpu), installs the CPU serving shim (`shims.cpu_serving`:
+1. on a CPU-only jax (JAX_PLATFORMS=cpu), installs the CPU serving shim (`cpu.serving`:
    mesh, HBM limit, TPU-only compiler options, RPA in interpret mode) before tpu-inference builds
    its mesh or traces a kernel; never on TPU;
 2. resolves the installed versions against compat_matrix.yaml and picks the serving backend;
 3. applies the shim profile the matrix's default-profile chooser picks for that row (if a chooser
    is registered) and the backend's own preparation, and the handling of the installed tpu-inference's
-   request defects (`shims.serving_requests`: fixed, or refused with a 400);
+   request defects (`serving_fixes.request_defects`: fixed, or refused with a 400);
 4. registers `MaxTextForCausalLM` with tpu-inference's model registry (which also registers it
    with vLLM's) — ours by default, or MaxText's own shipped adapter with
    MAXTEXT_COMPAT_VLLM_MODEL=maxtext (0.2.x only; used to compare the two).
@@ -29,8 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from maxtext_compat import names
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.locks import fork_safe_lock
+from maxtext_compat.patching.shim import Shim
 from maxtext_compat.serving.settings import MODEL_CHOICES, MODEL_ENV, model_choice
 
 __all__ = [
@@ -135,7 +137,7 @@ def _register(config: Any = None, role: str = "") -> PluginState:
                      ", ".join(f"{k}={v}" for k, v in applied.items()))  # fmt: skip
     _carry_settings_to_other_hosts()
     choice = model_choice()
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat.cpu import serving as cpu_serving
 
     shim = cpu_serving.install()
     off = [p for p in shim.skipped if p not in shim.not_needed]
@@ -171,11 +173,14 @@ def _register(config: Any = None, role: str = "") -> PluginState:
         log.warning("maxtext_compat plugin: %s", reason)
         return PluginState(True, "compat", reason, shim_text, pid)
     runtime.set_current(rt)
-    _apply_shim_profile(rt)
+    statuses = {s.name: s.install() for s in _row_shims(rt)}
+    for name, st in statuses.items():
+        log.info("maxtext_compat plugin: shim %r: %s", name, st.reason)
     rt.backend.prepare()
-    from maxtext_compat.shims import serving_requests
+    from maxtext_compat.serving_fixes.request_defects import PROFILE as REQUESTS
 
-    handled = serving_requests.install(rt.resolution)  # the stack's request defects: for every model served
+    requests = statuses.get(REQUESTS)
+    handled = list(requests.facts.get("handled", ())) if requests is not None and requests.active else []
     shim_text += f"; request defects handled: {', '.join(handled) or 'none'}"
 
     if choice == "maxtext":
@@ -272,46 +277,75 @@ def _carry_settings_to_other_hosts() -> None:
         names.extend(n for n in ENV_NAMES if n not in names)
 
 
-def _apply_shim_profile(rt: ServingRuntime) -> None:
-    """The convention shim the matrix's chooser picks for this row (none for native 0.2.x rows)."""
-    from maxtext_compat.shims import profiles
+def _row_shims(rt: ServingRuntime) -> list[Any]:
+    """The shims the resolved row needs in a vLLM process: the convention profile the matrix's chooser picks (none
+    for native 0.2.x rows without defects to fix) and the serving stack's request fixes (for every model served)."""
+    from maxtext_compat.patching import profiles, shim
+    from maxtext_compat.serving_fixes.request_defects import RequestDefectsShim
 
+    needed: list[Any] = []
     if importlib.util.find_spec("maxtext_compat.shims.maxtext_profiles") is not None:
-        # Registers the MaxText profiles (vllm-backport, known-defects) and their default chooser.
+        # Registers the MaxText shims (vllm-backport, known-defects, call-rule) and their default chooser.
         importlib.import_module("maxtext_compat.shims.maxtext_profiles").register()
-    if not profiles.has_default_profile_chooser():
+    if profiles.has_default_profile_chooser():
+        name = profiles.default_profile(rt.resolution)
+        if name is not None:
+            needed.append(shim.registered().get(name) or _NamedProfile(name))
+    else:
         log.debug("maxtext_compat plugin: no default-profile chooser registered; no convention shim applied")
-        return
-    name = profiles.default_profile(rt.resolution)
-    if name is not None:
-        profiles.install(name, resolution=rt.resolution)
-        log.info("maxtext_compat plugin: installed shim profile %r", name)
+    needed.append(RequestDefectsShim(rt.resolution))
+    return needed
+
+
+@dataclass(frozen=True)
+class _NamedProfile:
+    """A profile a user's chooser picked that no shim object owns: installed by name."""
+
+    name: str
+
+    def install(self) -> Any:
+        from maxtext_compat.patching import profiles, shim
+
+        profiles.install(self.name)
+        return shim.status_of(self.name)
 
 
 # Where vLLM hands the config on to the engine cores it starts (the API server or the user's LLM process) and where an
 # engine core starts: patched so the settings reach a process started by fork too (vLLM's default start method
 # outside `vllm serve`), whose plugin vLLM does not load again.
-HOOKS_PROFILE = "plugin-config"
+HOOKS_PROFILE = names.PLUGIN_CONFIG
 PROC_MANAGER = "vllm.v1.engine.utils:CoreEngineProcManager.__init__"
 ENGINE_INIT = "vllm.v1.engine.core:EngineCore.__init__"
 
 
-def _install_config_hooks() -> None:
-    from maxtext_compat.shims import profiles
-    from maxtext_compat.shims.patching import PatchSpec
+class PluginConfigShim(Shim):
+    """vLLM's hand-over of the config to the engine cores it starts, and an engine core's start: the plugin's
+    settings reach a process started by fork, whose plugin vLLM does not load again."""
 
-    if profiles.installed(HOOKS_PROFILE):
-        return
-    targets = [(PROC_MANAGER, _proc_manager_factory), (ENGINE_INIT, _engine_init_factory)]
-    present = [(t, f) for t, f in targets if _resolvable(t)]
-    if len(present) < len(targets):
-        missing = [target for target, factory in targets if (target, factory) not in present]
-        log.info("maxtext_compat plugin: this vLLM has no %s; settings reach forked processes through the "
-                 "environment only", ", ".join(missing))  # fmt: skip
-    specs = [PatchSpec(t, f, aliases=(), origin=f"{__name__} (plugin settings from vLLM's config)") for t, f in present]
-    profiles.register_profile(HOOKS_PROFILE, lambda: specs, replace=True,
-                              description="the plugin's settings reach engine cores started by fork")  # fmt: skip
-    profiles.install(HOOKS_PROFILE)
+    name = HOOKS_PROFILE
+    description = "the plugin's settings reach engine cores started by fork"
+    verified_for = ("vllm 0.11.x-0.12.x (CoreEngineProcManager.__init__, EngineCore.__init__)",)
+
+    def __init__(self) -> None:
+        self.present: list[tuple[str, Any]] = []
+
+    def applies(self) -> str | None:
+        targets = [(PROC_MANAGER, _proc_manager_factory), (ENGINE_INIT, _engine_init_factory)]
+        self.present = [(t, f) for t, f in targets if _resolvable(t)]
+        if len(self.present) < len(targets):
+            log.info("maxtext_compat plugin: this vLLM has no %s; settings reach forked processes through the "
+                     "environment only", ", ".join(t for t, _ in targets if (t, _) not in self.present))  # fmt: skip
+        return None
+
+    def specs(self) -> list[Any]:
+        from maxtext_compat.patching import PatchSpec
+
+        origin = f"{__name__} (plugin settings from vLLM's config)"
+        return [PatchSpec(t, f, aliases=(), origin=origin) for t, f in self.present]
+
+
+def _install_config_hooks() -> None:
+    PluginConfigShim().install()
 
 
 def _resolvable(target: str) -> bool:

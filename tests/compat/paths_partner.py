@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import numpy as np
 
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     assert cpu_rpa.install().active  # before MaxText is imported and before the first trace
     import test_paths_agree as agree  # the cases run exactly as the test runs them

@@ -38,7 +38,7 @@ PAGES, PAGE, TOKENS = 8, 16, 40
 def shim():
     if os.environ.get("MAXTEXT_COMPAT_ENV") not in KERNEL_ENVS:
         return None
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     status = cpu_rpa.install()
     assert status.active, status.reason

@@ -34,7 +34,7 @@ FACES = (
     "maxtext_compat.adapters",
     "maxtext_compat.shims",
     "maxtext_compat.paged",
-    "maxtext_compat.rpa",
+    "maxtext_compat.kernel.rpa",
     "maxtext_compat.convert",
     "maxtext_compat.decode",
 )

@@ -62,8 +62,8 @@ def backend() -> Iterator[Any]:
     import tpu_inference  # noqa: F401 - before MaxText (TensorFlow's protobuf aborts tpu_info's forked probe)
 
     from maxtext_compat import shims
+    from maxtext_compat.cpu import rpa as cpu_rpa
     from maxtext_compat.serving.backport import PROFILE, BackportServingBackend
-    from maxtext_compat.shims import cpu_rpa
     from maxtext_compat.testing.tiny import installed_row
 
     had_rpa, had_profile = cpu_rpa.installed(), shims.installed(PROFILE)

@@ -77,7 +77,8 @@ def raw(**changes: Any) -> Any:
 
 def rpa_call(*, head_dim: int = 128, metadata: Any = None, mesh: Any = None, **arrays_and_options: Any) -> Any:
     """rpa.ragged_paged_attention on the step, with q/k/v/kv_cache or options replaced."""
-    from maxtext_compat import paged, rpa
+    from maxtext_compat import paged
+    from maxtext_compat.kernel import rpa
 
     s = step(head_dim)
     parts = {"q": s.q, "k": s.k, "v": s.v, "kv_cache": s.kv_cache}
@@ -149,7 +150,7 @@ def tiny_model() -> Any:
     from jax.sharding import Mesh
 
     from maxtext_compat.adapters import wrap
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
     from maxtext_compat.testing import tiny
 
     assert cpu_rpa.install().active
@@ -310,7 +311,7 @@ CASES: list[Any] = [
 @pytest.fixture
 def no_kernel(mocker):
     """Every case must be refused before the kernel: reaching its entry point fails the case."""
-    from maxtext_compat import rpa
+    from maxtext_compat.kernel import rpa
 
     return mocker.patch.object(rpa, "entry_point", side_effect=AssertionError("the kernel was reached"))
 
@@ -370,7 +371,7 @@ def test_strict_mode_catches_a_dropped_cache_in_each_family(family, mocker):
 
     from maxtext_compat.adapters import wrap
     from maxtext_compat.convention import policy
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
     from maxtext_compat.testing import tiny
 
     assert cpu_rpa.install().active

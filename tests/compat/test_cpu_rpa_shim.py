@@ -22,12 +22,14 @@ pytestmark = pytest.mark.envs(*REAL_KERNEL_ENVS)
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from maxtext_compat import paged, rpa  # noqa: E402
+from maxtext_compat import paged  # noqa: E402
+from maxtext_compat.cpu import pallas_interpreter  # noqa: E402
+from maxtext_compat.cpu import pallas_views as views  # noqa: E402
+from maxtext_compat.cpu import rpa as cpu_rpa  # noqa: E402
 from maxtext_compat.errors import KernelUnavailableError, ShimRefusedError  # noqa: E402
+from maxtext_compat.kernel import rpa  # noqa: E402
 from maxtext_compat.matrix import default_matrix_path  # noqa: E402
-from maxtext_compat.shims import cpu_rpa, pallas_interpreter  # noqa: E402
-from maxtext_compat.shims import pallas_interpret_views as views  # noqa: E402
-from maxtext_compat.shims.registry import active_patches  # noqa: E402
+from maxtext_compat.patching.ledger import active_patches  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -269,7 +271,7 @@ def test_a_servers_cpu_mesh_is_refused_where_the_interpreter_loses_tp_writes(mon
     """vLLM calls the kernel past the dispatcher: the CPU serving shim's mesh carries the same refusal."""
     import importlib
 
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat.cpu import serving as cpu_serving
 
     utils = importlib.import_module("tpu_inference.utils")
     monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "pallas")  # the real kernel, interpreted

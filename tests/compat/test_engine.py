@@ -42,7 +42,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def shim():
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     status = cpu_rpa.install()
     assert status.active, status.reason

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from maxtext_compat.shims import pallas_interpret_views as views
+from maxtext_compat.cpu import pallas_views as views
 
 pytestmark = pytest.mark.envs("maxtext-0.2.3")  # numpy only; once is enough
 

@@ -56,7 +56,7 @@ def test_stock_batched_rpa_call_after_maxtext_sets_the_variable_is_a_type_error(
     from tpu_inference.layers.common import attention_interface as ai
 
     from maxtext_compat import paged
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     assert cpu_rpa.install().active
     assert "batched_rpa" not in ai.ragged_paged_attention.__module__  # bound at import: the default kernel

@@ -33,7 +33,7 @@ PAGES, PAGE, TOKENS = 8, 16, 40
 def model():
     from jax.sharding import Mesh
 
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     assert cpu_rpa.install().active
     cfg = tiny.tiny_config("default", vllm=NATIVE)

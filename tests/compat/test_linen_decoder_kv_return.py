@@ -132,7 +132,7 @@ def test_kv_return_gives_three_in_every_model_mode_with_maxtexts_own_cache(model
 @pytest.fixture(scope="module")
 def kernel():
     pytest.importorskip("tpu_inference", reason="the paged path needs tpu-inference's kernel")
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     status = cpu_rpa.install()
     assert status.active, status.reason

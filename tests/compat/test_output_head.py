@@ -1,4 +1,5 @@
-"""A served model's tied output head with its table rounded once (shims.output_head): the same logits, bit for bit.
+"""A served model's tied output head with its table rounded once (serving_fixes.output_head): the same logits,
+bit for bit.
 
 SmolLM2 (the converted checkpoint: real weights) is built by the serving backend as MaxTextForCausalLM builds it
 (MaxText 0.2.5 natively, 0.1.0 through the backport). Its `compute_logits` (the rounded copy through the patched
@@ -25,7 +26,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 from maxtext_compat import shims  # noqa: E402
-from maxtext_compat.shims import output_head  # noqa: E402
+from maxtext_compat.serving_fixes import output_head  # noqa: E402
 
 MAX_LEN = 64
 

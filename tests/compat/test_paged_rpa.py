@@ -1,4 +1,4 @@
-"""The real tpu-inference RPA kernel on CPU, through maxtext_compat.rpa, against a float64 reference.
+"""The real tpu-inference RPA kernel on CPU, through maxtext_compat.kernel.rpa, against a float64 reference.
 
 Every case compiles once per configuration (fixed padded shapes: 32 token rows, 4 sequence
 slots, 4 pages per sequence, 16 pages of 16 tokens), so the batches of one configuration
@@ -23,9 +23,10 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from helpers.reference_attention import make_ragged_step, reference_ragged_attention  # noqa: E402
-from maxtext_compat import paged, rpa  # noqa: E402
+from maxtext_compat import paged  # noqa: E402
+from maxtext_compat.cpu import rpa as cpu_rpa  # noqa: E402
 from maxtext_compat.errors import CacheCapacityError, InvalidArgumentError, KernelUnavailableError  # noqa: E402
-from maxtext_compat.shims import cpu_rpa  # noqa: E402
+from maxtext_compat.kernel import rpa  # noqa: E402
 
 PAGES, PAGE, TOKENS, SEQS, PER_SEQ = 16, 16, 32, 4, 4
 # bf16 keeps 8 significant bits: the output alone rounds to within 2^-8 of |out| (up to ~4.6 here, 0.018), and the

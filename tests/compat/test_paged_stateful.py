@@ -1,7 +1,7 @@
 """Every KV write lands where the metadata says: a hypothesis state machine over the real RPA kernel.
 
 Requests are started (prefill), extended (chunked prefill), decoded, freed and their pages reused, in
-ragged multi-request steps, through maxtext_compat.paged (allocator + metadata) and maxtext_compat.rpa
+ragged multi-request steps, through maxtext_compat.paged (allocator + metadata) and maxtext_compat.kernel.rpa
 (the real tpu-inference kernel on CPU). The oracle is independent of both: it keeps, per live request,
 the K/V rows it wrote at each position, reads the cache back by the layout's definition (page
 pages[p // page_size], slot p % page_size, combined row 2h = K of head h, 2h + 1 = V), and computes each
@@ -24,9 +24,10 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
-from maxtext_compat import paged, rpa  # noqa: E402
+from maxtext_compat import paged  # noqa: E402
+from maxtext_compat.cpu import rpa as cpu_rpa  # noqa: E402
 from maxtext_compat.errors import StaleSliceError  # noqa: E402
-from maxtext_compat.shims import cpu_rpa  # noqa: E402
+from maxtext_compat.kernel import rpa  # noqa: E402
 
 PAGES, PAGE, TOKENS, SEQS, PER_SEQ = 12, 8, 32, 4, 4  # fixed padded shapes: one compile for the whole run
 KV_HEADS, Q_HEADS, HEAD_DIM = 2, 4, 128

@@ -215,7 +215,7 @@ def world(tmp_path_factory):
     """(this release's World, the draws, the partner process, the work folder). The partner starts first: it
     imports and builds its model while this process builds its own, then loads the weights this one wrote
     (it waits for WEIGHTS_READY, an event; the partner's timeout below guards a hang)."""
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     assert cpu_rpa.install().active
     work = tmp_path_factory.mktemp("paths_agree")

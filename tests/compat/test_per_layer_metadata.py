@@ -31,8 +31,8 @@ LENGTHS = {"A": 7, "B": 3}
 
 @pytest.fixture(scope="module")
 def step():
+    from maxtext_compat.cpu import rpa as cpu_rpa
     from maxtext_compat.decode.paged import cache_mesh_for, layout_for_model
-    from maxtext_compat.shims import cpu_rpa
 
     assert cpu_rpa.install().active
     native, _ = cr.build(cr.RunSpec("default", ((1,),), dense=False))

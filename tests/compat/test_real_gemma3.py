@@ -128,10 +128,10 @@ class TestPastTheWindow:
 
 @pytest.fixture
 def server_kernel():
-    """The RPA kernel a CPU `vllm serve` runs (maxtext_compat.rpa_xla: the v3 kernel's semantics, sliding window
+    """The RPA kernel a CPU `vllm serve` runs (maxtext_compat.kernel.rpa_xla: the v3 kernel's semantics, sliding window
     included, held to the real kernel by test_rpa_xla.py), patched in for this test only: the real kernel in Pallas
     interpret mode takes over ten minutes for a 553-token prefill on this CPU."""
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat.cpu import serving as cpu_serving
 
     was_on = cpu_serving.installed()
     status = cpu_serving.install(parts=("rpa",))

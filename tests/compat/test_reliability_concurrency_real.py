@@ -29,10 +29,15 @@ import pytest
 pytestmark = [pytest.mark.needs_maxtext, pytest.mark.needs_shim_profile]
 
 from helpers.callers import CallerThreads  # noqa: E402
-from maxtext_compat import resolve, shims  # noqa: E402
+from maxtext_compat import (  # noqa: E402
+    patching,
+    resolve,
+    shims,
+)
 from maxtext_compat.adapters.wrapper import adapted_class  # noqa: E402
 from maxtext_compat.convention.signature import native_signature  # noqa: E402
-from maxtext_compat.shims import maxtext_profiles, patching, registry  # noqa: E402
+from maxtext_compat.patching import ledger  # noqa: E402
+from maxtext_compat.shims import maxtext_profiles  # noqa: E402
 from maxtext_compat.switches import env_count  # noqa: E402
 
 # The 10,000 install/uninstall cycles on every release. known-defects (0.2.5) has 2 targets;
@@ -251,5 +256,5 @@ def test_maxtext_classes_never_fail_while_the_real_profile_churns(profile: str, 
         assert set(vars(owner)) == set(attrs), owner
         assert all(vars(owner)[k] is v for k, v in attrs.items()), owner
     assert not shims.installed(profile)
-    assert [p for p in registry.active_patches() if p.profile == profile] == []
+    assert [p for p in ledger.active_patches() if p.profile == profile] == []
     assert [layer for layer in patching.installed_layers() if layer.profile == profile] == []

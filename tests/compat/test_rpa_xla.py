@@ -1,4 +1,4 @@
-"""The XLA kernel (`maxtext_compat.rpa_xla`) computes what tpu-inference's real RPA kernel computes.
+"""The XLA kernel (`maxtext_compat.kernel.rpa_xla`) computes what tpu-inference's real RPA kernel computes.
 
 The oracle is the real Pallas kernel itself (v3 and its head_dim-64 variant, tpu-inference 0.32.0) run in TPU
 interpret mode by the CPU shim. For random valid metadata (decode sequences first, then prefill/mixed ones; the
@@ -22,9 +22,11 @@ jnp = pytest.importorskip("jax.numpy")
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from maxtext_compat import rpa_xla  # noqa: E402
+from maxtext_compat import platforms  # noqa: E402
+from maxtext_compat.cpu import rpa as cpu_rpa  # noqa: E402
+from maxtext_compat.cpu import serving as cpu_serving  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, ShimRefusedError  # noqa: E402
-from maxtext_compat.shims import cpu_rpa, cpu_serving  # noqa: E402
+from maxtext_compat.kernel import rpa_xla  # noqa: E402
 
 F32_TOLERANCE = 1e-6
 # ... plus this much of |out| (~8 float32 ulps): the two kernels sum the softmax in another order, and an output of
@@ -159,7 +161,7 @@ def _interface():
 
 
 def test_unset_puts_the_xla_kernel_behind_sharded_rpa_only(serving_shim, monkeypatch, real_kernel):
-    monkeypatch.delenv(cpu_serving.KERNEL_ENV, raising=False)
+    monkeypatch.delenv(platforms.KERNEL_ENV, raising=False)
     iface, kernel = _interface(), real_kernel[0]
     before = iface.ragged_paged_attention
     status = serving_shim.install()
@@ -176,7 +178,7 @@ def test_unset_puts_the_xla_kernel_behind_sharded_rpa_only(serving_shim, monkeyp
 
 
 def test_pallas_keeps_the_real_kernel(serving_shim, monkeypatch):
-    monkeypatch.setenv(cpu_serving.KERNEL_ENV, "pallas")
+    monkeypatch.setenv(platforms.KERNEL_ENV, "pallas")
     iface = _interface()
     before = iface.ragged_paged_attention
     assert serving_shim.install().kernel == "pallas"
@@ -184,10 +186,10 @@ def test_pallas_keeps_the_real_kernel(serving_shim, monkeypatch):
 
 
 def test_an_unknown_kernel_name_is_refused_before_anything_is_patched(serving_shim, monkeypatch):
-    monkeypatch.setenv(cpu_serving.KERNEL_ENV, "fast")
+    monkeypatch.setenv(platforms.KERNEL_ENV, "fast")
     with pytest.raises(InvalidArgumentError) as err:
         serving_shim.install()
-    assert err.value.argument == cpu_serving.KERNEL_ENV and "'fast'" in str(err.value)
+    assert err.value.argument == platforms.KERNEL_ENV and "'fast'" in str(err.value)
     assert not serving_shim.installed()
 
 
@@ -195,20 +197,21 @@ def test_xla_is_refused_where_another_kernel_is_bound(serving_shim, monkeypatch)
     """tpu-inference binds the experimental batched kernel at import under USE_BATCHED_RPA_KERNEL (simulated)."""
     iface = _interface()
     monkeypatch.setattr(iface, "ragged_paged_attention", lambda *a, **k: None)
-    monkeypatch.setenv(cpu_serving.KERNEL_ENV, "xla")
+    monkeypatch.setenv(platforms.KERNEL_ENV, "xla")
     with pytest.raises(ShimRefusedError, match="pallas"):
         serving_shim.install()
     assert not serving_shim.installed()
-    monkeypatch.delenv(cpu_serving.KERNEL_ENV)
+    monkeypatch.delenv(platforms.KERNEL_ENV)
     assert serving_shim.install().kernel == "pallas"  # unset: the bound kernel runs, interpreted
 
 
 def test_an_unchecked_tpu_inference_runs_the_real_kernel_unless_asked(serving_shim, monkeypatch, caplog):
     """rpa_xla was held to tpu-inference 0.32.0's kernels: another release gets the real kernel by default."""
-    from maxtext_compat.shims import cpu_kernel
+    from maxtext_compat import platforms
+    from maxtext_compat.cpu import kernel_choice as cpu_kernel
 
     monkeypatch.setattr(cpu_kernel, "_tpu_inference_version", lambda: "0.31.0")
-    monkeypatch.delenv(cpu_kernel.KERNEL_ENV, raising=False)
+    monkeypatch.delenv(platforms.KERNEL_ENV, raising=False)
     assert cpu_kernel.resolve_kernel(None) == "pallas"
     with caplog.at_level("WARNING", logger=cpu_kernel.__name__):
         assert cpu_kernel.resolve_kernel("xla") == "xla"

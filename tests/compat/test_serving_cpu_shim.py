@@ -1,9 +1,9 @@
 """The CPU serving shim, part by part, in-process against the real tpu-inference 0.32.0 (no server).
 
-Each runtime gap (F1, F2, F4 in shims/cpu_serving.py, and F5 found serving a real model) is first
+Each runtime gap (F1, F2, F4 in cpu/serving.py, and F5 found serving a real model) is first
 shown failing stock on
 CPU, then working under the shim, and the originals are back (by identity) after uninstall. The
-RPA part (F3) is `shims.cpu_rpa`'s and is proven end to end in test_serving_vllm.py.
+RPA part (F3) is `cpu.rpa`'s and is proven end to end in test_serving_vllm.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def tpi():
 
 @pytest.fixture
 def shim(tpi):
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat.cpu import serving as cpu_serving
 
     assert not cpu_serving.installed(), "another test left the CPU serving shim installed"
     yield cpu_serving
@@ -52,7 +52,7 @@ def test_stock_tpu_inference_fails_on_cpu(tpi) -> None:
 def test_shim_fills_each_gap_and_uninstall_restores_identity(tpi, shim) -> None:
     import jax
 
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.patching.ledger import active_patches
 
     utils, co, loader, runner = tpi
     originals = {
@@ -114,9 +114,9 @@ def test_sampler_imported_before_the_shim_is_rebuilt_without_tpu_options(tpi, sh
 def test_a_part_that_fails_to_install_takes_every_other_part_back(tpi, shim, mocker) -> None:
     """All or nothing over the whole shim: the sampler re-jit, the wrapped functions (one transaction) and the
     RPA kernel part (cpu_rpa's own profile) go together; a failure in the last leaves nothing behind."""
+    from maxtext_compat.cpu import rpa as cpu_rpa
     from maxtext_compat.errors import PatchError
-    from maxtext_compat.shims import cpu_rpa
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.patching.ledger import active_patches
 
     utils, co, _, _ = tpi
     sampling = importlib.import_module("tpu_inference.layers.jax.sample.sampling")
@@ -155,7 +155,7 @@ def test_stock_device_put_on_cpu_aliases_the_runners_buffer(tpi) -> None:
 
 
 def test_host_copy_part_gives_the_device_a_private_copy(tpi, shim) -> None:
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.patching.ledger import active_patches
 
     utils = tpi[0]
     common = importlib.import_module("tpu_inference.layers.common.utils")
@@ -175,7 +175,8 @@ def test_hbm_usage_counts_live_arrays_against_the_cpu_limit() -> None:
     import jax
     import jax.numpy as jnp
 
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat import platforms
+    from maxtext_compat.cpu import serving as cpu_serving
 
     utils = importlib.import_module("tpu_inference.utils")
     device = jax.devices()[0]
@@ -190,15 +191,15 @@ def test_hbm_usage_counts_live_arrays_against_the_cpu_limit() -> None:
         ((before, limit),) = utils.hbm_usage_bytes([device])
         held = jax.device_put(jnp.zeros((1 << 18,), jnp.float32), device)  # 1 MiB
         ((after, _),) = utils.hbm_usage_bytes([device])
-        assert limit == cpu_serving.cpu_hbm_bytes() and after - before >= held.nbytes == 1 << 20
+        assert limit == platforms.cpu_hbm_bytes() and after - before >= held.nbytes == 1 << 20
     finally:
         cpu_serving.uninstall()
     assert "tpu_inference.utils:hbm_usage_bytes" not in _ours_now()
 
 
 def _ours_now() -> set[str]:
-    from maxtext_compat.shims import cpu_serving
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.cpu import serving as cpu_serving
+    from maxtext_compat.patching.ledger import active_patches
 
     return {p.target for p in active_patches() if p.profile == cpu_serving.PROFILE}
 

@@ -43,7 +43,7 @@ def plugin_state(worker):  # run by collective_rpc in every Ray worker
     import os, socket
     import jax, ray
     from maxtext_compat import vllm_plugin
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.patching.ledger import active_patches
     s = vllm_plugin.state()
     engine = (worker.vllm_config.additional_config or {}).get("maxtext_compat_engine") or {}
     return {"pid": os.getpid(), "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id(),

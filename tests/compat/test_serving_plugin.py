@@ -28,7 +28,7 @@ vllm_plugin.register()  # vLLM may load plugins twice per process
 from tpu_inference.models.common import model_loader as ml
 from vllm.model_executor.models.registry import ModelRegistry
 from maxtext_compat.serving.model import MaxTextForCausalLM
-from maxtext_compat.shims.registry import active_patches
+from maxtext_compat.patching.ledger import active_patches
 ml._validate_model_interface(MaxTextForCausalLM)
 st = vllm_plugin.state()
 print(json.dumps({
@@ -55,6 +55,64 @@ def test_register_is_idempotent_and_installs_ours_with_the_cpu_shim() -> None:
     assert r["registered"] and r["model"] == "compat" and r["ours"] and r["vllm_knows"]
     assert r["cpu_shim"].startswith("installed (mesh, hbm, compiler_options, rpa, host_copy) [")
     assert {"cpu-serving", "cpu-rpa"} <= set(r["profiles"])
+
+
+# Every target a shim declares passes through the engine's transaction (`patching.apply`): a spy there reads each
+# one from its module or class (inspect.getattr_static: the raw object, not the engine's memory of it) before the
+# first write, and the same reading after `shims.uninstall()` must find that very object again.
+UNINSTALL_SCRIPT = r"""
+import importlib, inspect, json
+from maxtext_compat import patching
+MISSING = object()
+def raw(target):
+    module, _, path = target.partition(":")
+    obj = importlib.import_module(module)
+    *owners, attr = path.split(".")
+    for owner in owners:
+        obj = inspect.getattr_static(obj, owner)
+    return inspect.getattr_static(obj, attr, MISSING)
+seen, real_apply = {}, patching.apply
+def spy(name, specs, *, stack=False, settings=None):
+    for s in specs:
+        seen.setdefault(("spec", s.target), (name, raw(s.target)))
+    for s in settings or ():
+        seen.setdefault(("setting", s.slot.target), (name, s.slot, s.slot.read()))
+    return real_apply(name, specs, stack=stack, settings=settings)
+patching.apply = spy
+from maxtext_compat import shims, vllm_plugin
+from maxtext_compat.kernel import interpret
+from maxtext_compat.patching import shim
+from maxtext_compat.patching.ledger import active_patches
+vllm_plugin.register()
+listed = {p.target.split(" ")[0] for p in active_patches()}
+patched = {t for (kind, t), v in seen.items() if kind == "spec" and raw(t) is not v[1]}
+hook_set = interpret.interpret_mode() is not None
+removed = shims.uninstall()
+def same(a, b):
+    return a is b or (type(a) is type(b) and isinstance(a, (str, int, float, tuple)) and a == b)
+wrong = sorted(t for (kind, t), v in seen.items() if kind == "spec" and raw(t) is not v[1])
+wrong += sorted(t for (kind, t), v in seen.items() if kind == "setting" and not same(v[1].read(), v[2]))
+print(json.dumps({
+    "profiles": sorted({v[0] for v in seen.values()}), "specs": sum(k == "spec" for k, _ in seen),
+    "settings": sum(k == "setting" for k, _ in seen), "patched": len(patched),
+    "unlisted": sorted(t for (k, t) in seen if k == "spec" and t not in listed), "hook_set": hook_set,
+    "removed": removed, "wrong": wrong, "left": [p.target for p in active_patches()],
+    "hook_left": interpret.interpret_mode() is not None,
+    "statuses": {s.name: s.active for s in shim.statuses()},
+}))
+"""
+
+
+def test_uninstall_after_register_leaves_every_declared_target_original() -> None:
+    """The plugin's shims (CPU serving and the CPU kernel included) all go through one lifecycle, so
+    `shims.uninstall()` removes every one of them: each target holds its original object again, by identity."""
+    r = _run(UNINSTALL_SCRIPT)
+    assert {"cpu-serving", "cpu-rpa", "serving-requests", "plugin-config"} <= set(r["profiles"]), r["profiles"]
+    assert r["specs"] >= 8 and r["settings"] >= 4, r
+    assert r["patched"] == r["specs"] and r["unlisted"] == [], r  # each declared callable was wrapped and listed
+    assert r["hook_set"] and set(r["removed"]) == set(r["profiles"]), r
+    assert r["wrong"] == [] and r["left"] == [] and not r["hook_left"], r
+    assert not any(r["statuses"].values()), r["statuses"]
 
 
 @pytest.mark.extended_in("maxtext-0.1.0-jax011")  # the platform gate reads no release: maxtext-0.2.5 proves it

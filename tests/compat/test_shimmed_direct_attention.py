@@ -30,7 +30,7 @@ LENGTHS = {"A": 20, "C": 13}
 
 @pytest.fixture(scope="module")
 def kernel():
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     status = cpu_rpa.install()
     assert status.active, status.reason

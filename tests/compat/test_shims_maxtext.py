@@ -43,7 +43,7 @@ def clean():
 def kernel_shim():
     if not KERNEL:
         return None
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     return cpu_rpa.install()
 

@@ -18,7 +18,7 @@ nnx = pytest.importorskip("flax.nnx")
 
 from maxtext_compat import doctor, shims  # noqa: E402
 from maxtext_compat.errors import TracedBeforeInstallWarning  # noqa: E402
-from maxtext_compat.shims import traced  # noqa: E402
+from maxtext_compat.patching import traced  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()

@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     import importlib.util
 
     if any(s.paged for s in specs) and importlib.util.find_spec("tpu_inference") is not None:
-        from maxtext_compat.shims import cpu_rpa
+        from maxtext_compat.cpu import rpa as cpu_rpa
 
         cpu_rpa.install()  # before MaxText is imported and before the first trace
     for spec, out in zip(specs, args[1:], strict=True):

@@ -41,16 +41,14 @@ from helpers.shipped import shipped_matrix
 from maxtext_compat import shims, vllm_plugin
 from maxtext_compat.adapters.wrapper import adapted_class
 from maxtext_compat.convention import declared, policy
+from maxtext_compat.cpu import rpa as cpu_rpa
+from maxtext_compat.cpu import serving as cpu_serving
 from maxtext_compat.installed import installed_resolution
+from maxtext_compat.patching import traced
 from maxtext_compat.serving import backend
-from maxtext_compat.shims import (
-    cpu_rpa,
-    cpu_serving,
-    maxtext_profiles,
-    output_head,
-    serving_requests,
-    traced,
-)
+from maxtext_compat.serving_fixes import output_head
+from maxtext_compat.serving_fixes import request_defects as serving_requests
+from maxtext_compat.shims import maxtext_profiles
 
 ROOT = "forkstress"
 PROFILE = "fork-stress"

@@ -1,6 +1,6 @@
 """tpu-inference's RPA kernel globals bound to rpa_xla (the XLA kernel): what the accelerator tier's GPU route runs
 where the Pallas TPU kernel cannot (tests/helpers/accel_mode.py). A test aid, not library code: a GPU server of
-ours would choose its kernel through the library (shims/cpu_kernel.py's MAXTEXT_COMPAT_RPA_KERNEL), not this."""
+ours would choose its kernel through the library (cpu/kernel_choice.py's MAXTEXT_COMPAT_RPA_KERNEL), not this."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ IFACE = "tpu_inference.layers.common.attention_interface"
 def rpa_xla_bound() -> Iterator[None]:
     """While it is open, programs traced through tpu-inference's attention interface run rpa_xla (its globals are
     read at each call)."""
-    from maxtext_compat import rpa_xla
+    from maxtext_compat.kernel import rpa_xla
 
     iface = importlib.import_module(IFACE)
     with (

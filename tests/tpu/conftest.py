@@ -111,7 +111,7 @@ def tier() -> Iterator[Tier]:
 
             stack.enter_context(rpa_xla_bound())
         elif backend == "cpu":
-            from maxtext_compat.shims import cpu_rpa
+            from maxtext_compat.cpu import rpa as cpu_rpa
 
             status = cpu_rpa.install()
             assert status.active, status.reason

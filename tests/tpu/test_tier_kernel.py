@@ -47,7 +47,8 @@ def _step(head_dim: int, dtype: str, batch: str, seed: int):
 def _dispatch(step, scale: float, **features):
     import jax
 
-    from maxtext_compat import paged, rpa
+    from maxtext_compat import paged
+    from maxtext_compat.kernel import rpa
 
     mesh = paged.make_mesh(1)
     cache = jax.device_put(step.kv_cache, step.layout.sharding(mesh))
@@ -117,7 +118,7 @@ def test_rpa_xla_equals_the_kernel(tier, config):
     element for element, outputs within the dtype's rounding."""
     import jax.numpy as jnp
 
-    from maxtext_compat import rpa_xla
+    from maxtext_compat.kernel import rpa_xla
     from maxtext_compat.paged.metadata import metadata_arrays
 
     head_dim, dtype = CONFIGS[config]
@@ -138,8 +139,9 @@ def test_which_kernel_ran_and_that_no_cpu_shim_is_active(tier):
     """On the TPU: Mosaic's custom call in the lowered program, no CPU shim, no patch (`doctor`). Dry: the reverse."""
     import jax
 
-    from maxtext_compat import doctor, paged, rpa
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat import doctor, paged
+    from maxtext_compat.cpu import rpa as cpu_rpa
+    from maxtext_compat.kernel import interpret, rpa
 
     step = _step(128, "float32", "mixed", seed=3)
     mesh = paged.make_mesh(1)
@@ -155,7 +157,10 @@ def test_which_kernel_ran_and_that_no_cpu_shim_is_active(tier):
         assert jax.devices()[0].platform == "tpu"
         assert "tpu_custom_call" in text, "the kernel was not lowered to Mosaic"
         assert not cpu_rpa.installed() and patches == [], patches
+        assert interpret.interpret_mode() is None  # the dispatcher had no CPU stand-in's interpret mode to enter
+        assert not [s["name"] for s in report["shims"] if s["active"]], report["shims"]  # doctor: every shim off
         assert report["rpa_kernel"]["in_this_process"] is None
     else:
         assert "tpu_custom_call" not in text  # interpreted: the kernel's body runs as XLA ops and callbacks
         assert cpu_rpa.installed() and patches, "the dry run's CPU shim is not listed by doctor"
+        assert interpret.interpret_mode() is cpu_rpa.interpret_mode  # handed to the dispatcher by its install

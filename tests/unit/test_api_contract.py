@@ -147,7 +147,7 @@ def test_a_lazy_face_cannot_export_a_name_its_submodule_shadows():
 
 def test_importing_the_checked_api_imports_no_validation_library():
     code = (
-        "import maxtext_compat, maxtext_compat.paged, maxtext_compat.rpa, maxtext_compat.adapters, "
+        "import maxtext_compat, maxtext_compat.paged, maxtext_compat.kernel.rpa, maxtext_compat.adapters, "
         "maxtext_compat.shims, json, sys; print(json.dumps(sorted(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

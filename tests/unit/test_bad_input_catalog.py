@@ -133,9 +133,9 @@ def policy_row(policy: str) -> dict[str, Any]:
 
 
 def mesh_limits(tp: int, *, jax_version: str, num_kv_heads: int | None = None) -> None:
-    from maxtext_compat.shims import rpa_mesh_limits
+    from maxtext_compat.kernel import mesh_limits
 
-    rpa_mesh_limits.check_mesh(tp, interpret=True, jax_version=jax_version, num_kv_heads=num_kv_heads)
+    mesh_limits.check_mesh(tp, interpret=True, jax_version=jax_version, num_kv_heads=num_kv_heads)
 
 
 def strict_dropped() -> Any:

@@ -20,60 +20,62 @@ pytestmark = pytest.mark.envs("unit")
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "maxtext_compat"
 MAX_LINES = 520  # "no file over ~500 lines"
 
-# Lowest first. A name covers the module and everything under it; the longest match wins.
-LAYERS: tuple[tuple[str, ...], ...] = (
-    # no package imports
+# Lowest first: (the names on the layer, the layer's one job). A name covers the module and everything under it; the
+# longest match wins. docs/architecture.md's table is drawn from this one (test_the_docs_draw_the_same_layers).
+LAYER_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
     (
-        "_version",
-        "_lazy",
-        "errors",
-        "progress",
-        "xla_flags",
-        "switches",
-        "envmemory",
-        "envdurations",
-        "atomic_file",
-        "tempdirs",
-        "locks",
-        "contract",
+        (
+            "_version",
+            "_lazy",
+            "errors",
+            "progress",
+            "xla_flags",
+            "switches",
+            "platforms",
+            "names",
+            "envmemory",
+            "envdurations",
+            "atomic_file",
+            "tempdirs",
+            "locks",
+            "contract",
+        ),
+        "no package imports: errors, settings read from the environment, locks, the argument contract",
     ),
-    ("versions",),  # installed distributions
-    ("matrix", "defects"),  # compat_matrix.yaml as typed rows
-    ("probes", "resolver", "installed", "installed_kernel"),  # which row is installed
-    ("convention",),  # the call rule: what a call means on each release (no kernel, no patching engine)
-    ("shims.registry", "shims.patching", "shims.traced", "shims.profiles"),  # the patching engine (no MaxText)
-    # the TPU kernel on CPU
+    (("versions",), "the installed distributions"),
+    (("matrix", "defects"), "compat_matrix.yaml as typed rows"),
+    (("probes", "resolver", "installed", "installed_kernel"), "which row is installed"),
+    (("convention",), "the call rule: what a call means on each release (no kernel, no patching engine)"),
+    (("patching",), "the patching engine: transactions, the ledger, profiles (no MaxText knowledge)"),
+    (("kernel", "paged"), "tpu-inference's kernel dispatch and the paged KV cache it reads"),
+    (("cpu",), "the TPU-only pieces on a CPU; production code never imports them (the kernel takes a hook)"),
+    (("write_path", "backport"), "a writing new call below the rule: its checks, and the 0.1.0 backport's kernel"),
+    (("adapters", "shims", "serving_fixes"), "the faces users know, and the serving stack's request fixes"),
+    (("weights", "decode", "serving", "convert"), "serving, weights, the in-process decode loops"),
     (
-        "shims.pallas_interpreter",
-        "shims.pallas_interpret_views",
-        "shims.pallas_interpret_hbm",
-        "shims.cpu_rpa",
-        "shims.rpa_mesh_limits",
-    ),
-    ("rpa_xla", "paged", "rpa"),  # paged KV cache and kernel dispatch
-    ("write_path", "backport"),  # a writing new call below the rule: its checks, and the 0.1.0 backport's kernel
-    ("adapters", "shims.maxtext_profiles", "shims.cpu_serving", "shims.cpu_kernel", "shims"),  # the faces users know
-    ("weights", "decode", "serving", "convert"),  # serving, weights, the in-process decode loops
-    (
-        "testing",
-        "migrate",
-        "doctor",
-        "demo",
-        "demo_outcome",
-        "demo_all",
-        "serve_cli",
-        "vllm_plugin",
-        "pytest_plugin",
-        "pinsets",
-        "workspace",
-        "envs",
-        "selfwheel",
-        "nox",
-        "report",
-        "env_runner",
-        "cli",
+        (
+            "testing",
+            "migrate",
+            "doctor",
+            "demo",
+            "demo_outcome",
+            "demo_all",
+            "serve_cli",
+            "vllm_plugin",
+            "pytest_plugin",
+            "pinsets",
+            "workspace",
+            "envs",
+            "selfwheel",
+            "nox",
+            "report",
+            "env_runner",
+            "cli",
+        ),
+        "entry points, the pytest plugin and its kit, the compat matrix runner and its report",
     ),
 )
+LAYERS: tuple[tuple[str, ...], ...] = tuple(names for names, _ in LAYER_TABLE)
 TOP = len(LAYERS) - 1  # `maxtext_compat/__init__.py`: the top-level face
 
 
@@ -193,15 +195,15 @@ def test_the_checker_sees_what_it_must():
     """The graph reader itself: it must find a lazy import, a TYPE_CHECKING one and an importlib literal."""
     lazy = GRAPH["maxtext_compat.adapters.wrapper"]  # imports installed_row inside a function
     assert "maxtext_compat.installed" in lazy
-    assert "maxtext_compat.resolver" in GRAPH["maxtext_compat.shims.profiles"]  # TYPE_CHECKING + in a function
+    assert "maxtext_compat.resolver" in GRAPH["maxtext_compat.patching.profiles"]  # TYPE_CHECKING + in a function
     assert "maxtext_compat.shims.maxtext_profiles" in GRAPH["maxtext_compat.vllm_plugin"]  # importlib literal
-    assert layer_of("maxtext_compat.shims.maxtext_profiles") > layer_of("maxtext_compat.shims.profiles")
+    assert layer_of("maxtext_compat.shims.maxtext_profiles") > layer_of("maxtext_compat.patching.profiles")
 
 
 def test_the_call_rule_reaches_the_kernel_only_through_its_call_site():
     """The rule knows neither the kernel, the paged cache, the patching engine nor the backport, through any
     chain of imports; a call site hands it the write path, and one built without it is refused at once."""
-    below_not = ("paged", "rpa", "rpa_xla", "shims", "backport", "write_path", "adapters")
+    below_not = ("paged", "kernel", "cpu", "patching", "shims", "serving_fixes", "backport", "write_path", "adapters")
     reached: set[str] = set()
     todo = [m for m in MODULES if m.startswith("maxtext_compat.convention")]
     while todo:
@@ -221,13 +223,47 @@ def test_the_call_rule_reaches_the_kernel_only_through_its_call_site():
         CallSite("attention", load_matrix().row("0.2.5"), sig, sig, "Attention.__call__")  # type: ignore[call-arg]
 
 
-def test_the_docs_draw_the_same_layers():
-    """docs/architecture.md's table lists each layer's modules; it cannot drift from the table checked here."""
-    import re
+def test_every_folder_sits_on_one_layer():
+    """A folder is one job on one layer: a reader who knows where a package sits knows where each of its files does."""
+    packages = {m for m, path in MODULES.items() if path.name == "__init__.py" and m != "maxtext_compat"}
+    mixed = {p: sorted({layer_of(m) for m in MODULES if m == p or m.startswith(p + ".")}, key=str) for p in packages}
+    assert not {p: layers for p, layers in mixed.items() if len(layers) != 1}
 
-    section = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
-    rows = re.findall(r"^\| (\d+) \| (.+?) \|$", section, flags=re.M)
-    drawn = {
-        int(n): {name.strip("`/").replace("/", ".") for name in re.findall(r"`[^`]+`", cells)} for n, cells in rows
-    }
-    assert drawn == {i: set(names) for i, names in enumerate(LAYERS)}
+
+# Who may import the CPU stand-ins: the entry points that decide to install them, and the test kit.
+CPU_USERS = ("doctor", "demo", "serve_cli", "vllm_plugin", "testing", "cpu")
+
+
+def test_production_code_never_imports_the_cpu_stand_ins():
+    """The kernel, the backport, the adapters, shims and serving reach no module of `maxtext_compat.cpu`, through any
+    chain of imports: on a TPU nothing of the CPU emulation is loaded (the kernel enters an interpret-mode hook)."""
+    importers = sorted(
+        m.removeprefix("maxtext_compat.")
+        for m, targets in GRAPH.items()
+        if any(t.startswith("maxtext_compat.cpu") for t in targets)
+    )
+    assert [m for m in importers if m.split(".")[0] not in CPU_USERS] == []
+    for start in ("kernel", "backport", "adapters", "shims", "serving", "serving_fixes", "decode", "convert"):
+        reached: set[str] = set()
+        todo = [m for m in MODULES if m == f"maxtext_compat.{start}" or m.startswith(f"maxtext_compat.{start}.")]
+        while todo:
+            for target in GRAPH[todo.pop()] - reached:
+                reached.add(target)
+                todo.append(target)
+        assert not sorted(m for m in reached if m.startswith("maxtext_compat.cpu")), start
+
+
+def drawn_table() -> str:
+    """docs/architecture.md's layer table, drawn from LAYER_TABLE (a folder is written `name/`)."""
+    rows = ["| layer | modules | job |", "|---|---|---|"]
+    for index, (names, job) in enumerate(LAYER_TABLE):
+        cells = ", ".join(f"`{n}/`" if (PACKAGE / n).is_dir() else f"`{n}`" for n in names)
+        rows.append(f"| {index} | {cells} | {job} |")
+    return "\n".join(rows)
+
+
+def test_the_docs_draw_the_same_layers():
+    """docs/architecture.md holds the table drawn from LAYER_TABLE, word for word: it cannot drift."""
+    doc = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
+    table = drawn_table()
+    assert table in doc, f"replace the layer table of docs/architecture.md with:\n{table}"

@@ -268,7 +268,7 @@ def test_check_metadata_rejects(overrides, argument, error):
 
 def test_paged_and_rpa_import_without_numpy_or_jax():
     code = (
-        "import sys, maxtext_compat.paged, maxtext_compat.rpa, maxtext_compat.paged.checks\n"
+        "import sys, maxtext_compat.paged, maxtext_compat.kernel.rpa, maxtext_compat.paged.checks\n"
         "print(sorted(m for m in ('numpy', 'jax', 'tpu_inference', 'vllm', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -12,8 +12,8 @@ import types
 import pytest
 
 from maxtext_compat.errors import PatchError
-from maxtext_compat.shims import registry
-from maxtext_compat.shims.patching.settings import (
+from maxtext_compat.patching import ledger
+from maxtext_compat.patching.settings import (
     Setting,
     apply_settings,
     attribute_slot,
@@ -23,7 +23,7 @@ from maxtext_compat.shims.patching.settings import (
     remove_settings,
     replaced_value,
 )
-from maxtext_compat.shims.patching.state import ABSENT
+from maxtext_compat.patching.state import ABSENT
 
 pytestmark = pytest.mark.envs("unit")
 
@@ -39,7 +39,7 @@ def slots(monkeypatch):
     table: dict[str, object] = {}
     box = {"value": "default"}
     yield types.SimpleNamespace(mod=mod, original_get=original_get, table=table, box=box)
-    assert [p for p in registry.active_patches() if p.profile == PROFILE] == []
+    assert [p for p in ledger.active_patches() if p.profile == PROFILE] == []
 
 
 def _settings(s, *, fail_last: bool = False):
@@ -63,7 +63,7 @@ def test_applied_all_then_restored_by_identity(slots):
     applied = apply_settings(PROFILE, _settings(slots))
     assert slots.mod.get is replacement and slots.table == {"cpu": "cpu-entry"}
     assert os.environ[VAR] == "1,64" and slots.box["value"] == "interpret"
-    recorded = {p.target for p in registry.active_patches() if p.profile == PROFILE}
+    recorded = {p.target for p in ledger.active_patches() if p.profile == PROFILE}
     assert recorded == {"fake_interpreter:get", "table['cpu']", f"os.environ:{VAR}", "box"}
     assert replaced_value("fake_interpreter:get") is slots.original_get
     assert sorted(remove_settings(applied)) == sorted(recorded)

@@ -28,11 +28,11 @@ import pytest
 from helpers.callers import CallerThreads
 from helpers.fake_modules import FakePackage, make_module
 from helpers.shipped import shipped_matrix
-from maxtext_compat import shims
+from maxtext_compat import patching, shims
 from maxtext_compat.adapters.wrapper import adapted_class
 from maxtext_compat.matrix import ClassRef, MaxTextRow
-from maxtext_compat.shims import maxtext_profiles, patching, profiles, registry
-from maxtext_compat.shims.patching import PatchSpec
+from maxtext_compat.patching import PatchSpec, ledger, profiles
+from maxtext_compat.shims import maxtext_profiles
 from maxtext_compat.switches import env_count
 
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
@@ -254,7 +254,7 @@ def test_patched_classes_and_adapters_never_fail_while_the_shim_churns(fake: Fak
     # originals restored by identity, nothing recorded, nothing left in the patching core
     fake.assert_pristine()
     assert not shims.installed(PROFILE)
-    assert [p for p in registry.active_patches() if p.profile == PROFILE] == []
+    assert [p for p in ledger.active_patches() if p.profile == PROFILE] == []
     assert [layer for layer in patching.installed_layers() if layer.profile == PROFILE] == []
 
 
@@ -294,7 +294,7 @@ def backport_over_fake(mocker) -> Iterator[tuple[type, Any]]:
     target = f"{row.classes['attention']}.__call__"
     spec = next(s for s in maxtext_profiles.backport_specs(row) if s.target == target)
     shims.registered_profiles()  # registers the real profiles (lazily) so they can be put back
-    real = profiles._PROFILES[maxtext_profiles.BACKPORT]
+    real = profiles.REGISTRY.profiles[maxtext_profiles.BACKPORT]
     shims.register_profile(maxtext_profiles.BACKPORT, lambda: [spec], replace=True)
     # Train-mode new calls never route attention; the context-gated hooks (backport-hooks, tested with the
     # real MaxText) would otherwise be registered here for this fake row and outlive the test.

@@ -22,11 +22,11 @@ import pytest
 import wrapt
 
 from helpers.shipped import shipped_matrix
-from maxtext_compat import shims
+from maxtext_compat import patching, shims
 from maxtext_compat.errors import PatchConflictError, PatchError, PatchTargetError
 from maxtext_compat.matrix import MaxTextRow
-from maxtext_compat.shims import maxtext_profiles, patching, profiles, registry
-from maxtext_compat.shims.patching import MARKER, PatchSpec
+from maxtext_compat.patching import MARKER, PatchSpec, ledger, profiles
+from maxtext_compat.shims import maxtext_profiles
 
 MATRIX = shipped_matrix()
 PROFILE = "rel-faults"
@@ -156,12 +156,12 @@ class FakeMaxText:
             assert now.keys() == before.keys(), owner
             assert all(now[k] is v for k, v in before.items()), owner
             assert MARKER not in now or now[MARKER] is before.get(MARKER)
-        assert [p for p in registry.active_patches() if p.profile == PROFILE] == []
+        assert [p for p in ledger.active_patches() if p.profile == PROFILE] == []
         assert [layer for layer in patching.installed_layers() if layer.profile == PROFILE] == []
         assert not shims.installed(PROFILE)
 
     def assert_fully_installed(self) -> None:
-        assert {p.target for p in registry.active_patches() if p.profile == PROFILE} == {s.target for s in self.specs}
+        assert {p.target for p in ledger.active_patches() if p.profile == PROFILE} == {s.target for s in self.specs}
         for spec in self.specs:
             owner, attr = self.owner_of(spec.target)
             assert patching.layer_of(vars(owner)[attr]).profile == PROFILE, spec.target
@@ -385,7 +385,7 @@ def test_replaced_wrapper_at_any_position_blocks_the_whole_uninstall(make, relea
     with pytest.raises(PatchConflictError) as err:
         shims.uninstall(PROFILE)
     assert target in str(err.value) and "force=True" in str(err.value)
-    assert shims.installed(PROFILE) and len([p for p in registry.active_patches() if p.profile == PROFILE]) == len(
+    assert shims.installed(PROFILE) and len([p for p in ledger.active_patches() if p.profile == PROFILE]) == len(
         fake.specs
     )
     assert vars(owner)[attr] is theirs  # nothing was removed, theirs included

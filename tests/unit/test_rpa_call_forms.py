@@ -10,8 +10,8 @@ import pytest
 
 from maxtext_compat.errors import KernelUnavailableError
 from maxtext_compat.installed_kernel import first_release_with
+from maxtext_compat.kernel.rpa import call_rpa, check_features, plan_call
 from maxtext_compat.matrix import load_matrix
-from maxtext_compat.rpa import call_rpa, check_features, plan_call
 
 ROWS = load_matrix().tpu_inference
 NAMES = ("mesh", "q", "k", "v", "kv_cache", "kv_lens", "page_indices", "cu_q_lens", "distribution")

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from maxtext_compat.errors import KernelUnavailableError
-from maxtext_compat.shims.rpa_mesh_limits import check_mesh
+from maxtext_compat.kernel.mesh_limits import check_mesh
 
 WORDS = {"cache": "loses KV cache writes", "indivisible": "IndivisibleError", "deadlock": "deadlocks"}
 

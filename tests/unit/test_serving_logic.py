@@ -289,13 +289,13 @@ def test_serve_refuses_an_unknown_rpa_kernel_before_starting(seed_flags: list[st
 
 
 def test_rpa_kernel_choice() -> None:
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat import platforms
 
-    assert cpu_serving.kernel_choice("") is None
-    assert cpu_serving.kernel_choice("XLA") == "xla" and cpu_serving.kernel_choice("pallas") == "pallas"
+    assert platforms.kernel_choice("") is None
+    assert platforms.kernel_choice("XLA") == "xla" and platforms.kernel_choice("pallas") == "pallas"
     for bad in ("fast", "1", "xla,pallas"):
         with pytest.raises(InvalidArgumentError, match="names no RPA kernel"):
-            cpu_serving.kernel_choice(bad)
+            platforms.kernel_choice(bad)
 
 
 def test_serve_tiny_refuses_to_overwrite_another_model(tmp_path: Path) -> None:
@@ -349,14 +349,15 @@ def test_register_backend_overrides_builtin() -> None:
 
 
 def test_cpu_shim_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat import platforms
+    from maxtext_compat.cpu import serving as cpu_serving
 
-    assert cpu_serving.disabled_parts("") == ()
-    assert cpu_serving.disabled_parts("1") == cpu_serving.PARTS
-    assert cpu_serving.disabled_parts("rpa, hbm") == ("rpa", "hbm")
+    assert platforms.disabled_parts("") == ()
+    assert platforms.disabled_parts("1") == platforms.PARTS
+    assert platforms.disabled_parts("rpa, hbm") == ("rpa", "hbm")
     with pytest.raises(InvalidArgumentError, match="unknown parts"):
-        cpu_serving.disabled_parts("kernel")
-    monkeypatch.setattr(cpu_serving, "configured_platforms", lambda: ("tpu",))
+        platforms.disabled_parts("kernel")
+    monkeypatch.setattr(platforms, "configured_platforms", lambda: ("tpu",))
     status = cpu_serving.install()
     assert not status.active and "not cpu" in status.reason and not cpu_serving.installed()
 
@@ -393,18 +394,18 @@ def test_doctor_shows_the_rpa_kernel_or_the_bad_setting(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("raw", ["0", "-1", "two", "nan", "inf", "1e400", str(2**21)])
 def test_a_cpu_hbm_size_that_is_not_gib_is_refused(raw):
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat import platforms
 
-    with pytest.raises(InvalidArgumentError, match=cpu_serving.HBM_ENV) as e:
-        cpu_serving.cpu_hbm_bytes(raw)
+    with pytest.raises(InvalidArgumentError, match=platforms.HBM_ENV) as e:
+        platforms.cpu_hbm_bytes(raw)
     assert repr(raw) in str(e.value) and "Fix:" in str(e.value)
 
 
 def test_the_cpu_hbm_size_defaults_to_2_gib_and_takes_fractions(monkeypatch):
-    from maxtext_compat.shims import cpu_serving
+    from maxtext_compat import platforms
 
-    monkeypatch.delenv(cpu_serving.HBM_ENV, raising=False)
-    assert cpu_serving.cpu_hbm_bytes() == cpu_serving.cpu_hbm_bytes("") == 2 << 30
-    assert cpu_serving.cpu_hbm_bytes("0.5") == 1 << 29
-    monkeypatch.setenv(cpu_serving.HBM_ENV, "1")
-    assert cpu_serving.cpu_hbm_bytes() == 1 << 30
+    monkeypatch.delenv(platforms.HBM_ENV, raising=False)
+    assert platforms.cpu_hbm_bytes() == platforms.cpu_hbm_bytes("") == 2 << 30
+    assert platforms.cpu_hbm_bytes("0.5") == 1 << 29
+    monkeypatch.setenv(platforms.HBM_ENV, "1")
+    assert platforms.cpu_hbm_bytes() == 1 << 30

@@ -11,7 +11,7 @@ import pytest
 
 from maxtext_compat.errors import RequestRefusedError, ShimRefusedError
 from maxtext_compat.matrix import load_matrix
-from maxtext_compat.shims import serving_requests as sr
+from maxtext_compat.serving_fixes import request_defects as sr
 
 ROW = next(r for r in load_matrix().tpu_inference if r.contains("0.32.0"))
 DEFECTS = list(ROW.known_defects)
@@ -28,7 +28,7 @@ def test_every_stack_defect_of_the_matrix_has_a_handler():
     assert DEFECTS, "tpu-inference 0.32.0's range lists its request defects"
     for d in DEFECTS:
         table = sr.FIXES if d.remedy == "fix" else sr.REFUSALS
-        assert d.id in table, f"{d.id} ({d.remedy}) has no handler in shims/serving_requests.py"
+        assert d.id in table, f"{d.id} ({d.remedy}) has no handler in serving_fixes/request_defects.py"
         assert d.upstream and ".py:" in d.upstream, d.id
 
 
@@ -62,7 +62,7 @@ def test_a_request_that_meets_a_refused_defect_is_refused_naming_it(defect, kw, 
     [
         {},  # plain greedy
         {"seed": 1234},  # lm-eval's greedy request carries a seed
-        {"temperature": 0.7, "seed": 1},  # a seeded sampled request: fixed (shims.seeded_sampling), not refused
+        {"temperature": 0.7, "seed": 1},  # a seeded sampled request: fixed (serving_fixes.seeded_sampling), not refused
         {"temperature": 0.8, "top_p": 0.9},  # sampling without a seed
         {"min_tokens": 3, "ignore_eos": True},  # no stop token can end the answer early
         {"min_p": 0.0, "repetition_penalty": 1.0, "logit_bias": {}},  # neutral values
@@ -90,12 +90,12 @@ def test_the_from_input_batch_wrapper_hands_over_the_view():
     assert seen == [1, 1]
 
 
-# ------------------------------------------------------------------ per-request seeds (shims.seeded_sampling)
+# ------------------------------------------------------------------ per-request seeds (serving_fixes.seeded_sampling)
 
 
 @pytest.fixture
 def server_facts():
-    from maxtext_compat.shims import seeded_sampling as ss
+    from maxtext_compat.serving_fixes import seeded_sampling as ss
 
     saved = dict(ss._SERVER)
     ss._SERVER.clear()
@@ -139,7 +139,7 @@ def test_a_server_that_cannot_honour_a_seed_refuses_it_naming_why(server_facts, 
 
 
 def test_the_config_vllm_builds_says_what_refuses_seeds(server_facts):
-    from maxtext_compat.shims import seeded_sampling as ss
+    from maxtext_compat.serving_fixes import seeded_sampling as ss
 
     wrapper = ss._note_config(None)
     config = SimpleNamespace(speculative_config=None, sharding_config=SimpleNamespace(total_dp_size=1),
@@ -161,7 +161,7 @@ def _runner(*reqs, dp=1):
 
 
 def test_the_seeded_rows_of_a_step_are_their_seed_and_the_position_drawn(server_facts):
-    from maxtext_compat.shims import seeded_sampling as ss
+    from maxtext_compat.serving_fixes import seeded_sampling as ss
 
     runner = _runner(("a", None, 0.7, 3), ("b", 2**40 + 9, 1.0, 5), ("c", 4, 0.0, 1), ("d", 4, 0.5, 0))
     scheduled = SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 1, "c": 1, "d": 6})
@@ -170,7 +170,7 @@ def test_the_seeded_rows_of_a_step_are_their_seed_and_the_position_drawn(server_
 
 def test_a_seeded_row_the_step_cannot_honour_stops_it_loudly(server_facts):
     from maxtext_compat.errors import ServingError
-    from maxtext_compat.shims import seeded_sampling as ss
+    from maxtext_compat.serving_fixes import seeded_sampling as ss
 
     def sample_from_logits(self, scheduler_output, attn_metadata, tpu_sampling_metadata, input_ids, hidden_states,
                            logits, aux_hidden_states, spec_decode_metadata, kv_connector_output,

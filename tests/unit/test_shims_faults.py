@@ -12,10 +12,9 @@ import wrapt
 
 from helpers.fake_layers import LAYERS_SOURCE, tagger
 from helpers.fake_modules import FakePackage, make_module
-from maxtext_compat import shims
+from maxtext_compat import patching, shims
 from maxtext_compat.errors import PatchConflictError, PatchError, PatchTargetError
-from maxtext_compat.shims import patching, profiles, registry
-from maxtext_compat.shims.patching import MARKER, PatchSpec, add_keyword_params
+from maxtext_compat.patching import MARKER, PatchSpec, add_keyword_params, ledger, profiles
 
 # Classes that refuse to be read or written, next to the shared fake layers.
 HOSTILE_SOURCE = """
@@ -65,7 +64,7 @@ class Fake(FakePackage):
     def assert_nothing_patched(self) -> None:
         self.assert_pristine()
         assert MARKER not in vars(self.layers) and MARKER not in vars(self.layers.Attention)
-        assert registry.active_patches() == [] and patching.installed_layers() == ()
+        assert ledger.active_patches() == [] and patching.installed_layers() == ()
         assert not shims.installed()
         a = self.layers.Attention()
         assert a(1) == ("call", 1) and a.s(1) == ("s", 1) and a.inherited(1) == ("inherited", 1)
@@ -76,7 +75,7 @@ class Fake(FakePackage):
         assert a(1) == ("call", 1, "A") and a.s(1) == ("s", 1, "A") and a.c(1) == ("c", 1, "A")
         assert a.inherited(1) == ("inherited", 1, "A") and self.user.f(1) == ("f", 1, "A")
         assert self.user.alias is self.layers.f
-        assert len(registry.active_patches()) == len(POSITIONS) and shims.verify() == {"p": []}
+        assert len(ledger.active_patches()) == len(POSITIONS) and shims.verify() == {"p": []}
 
 
 @pytest.fixture
@@ -165,7 +164,7 @@ def test_target_already_wrapped_at_any_position(fake: Fake, position: int):
     assert "stack=True" in str(err.value)
     for before, owner_ in zip(fake.snapshot, fake.owners(), strict=True):
         assert all(vars(owner_)[k] is v for k, v in before.items())
-    assert registry.active_patches() == [] and not shims.installed()
+    assert ledger.active_patches() == [] and not shims.installed()
 
 
 @pytest.mark.parametrize("position", range(len(POSITIONS)))
@@ -296,7 +295,7 @@ def test_replaced_wrapper_at_any_position_blocks_the_whole_uninstall(fake: Fake,
     assert fake.target(POSITIONS[position]) in str(err.value)
     assert shims.installed("p") and vars(owner)[attr] is theirs
     others = [p for i, p in enumerate(POSITIONS) if i != position]
-    assert all(p in {r.target.split(":")[1] for r in registry.active_patches()} for p in others)
+    assert all(p in {r.target.split(":")[1] for r in ledger.active_patches()} for p in others)
     assert shims.uninstall(force=True) == ["p"]
     fake.assert_nothing_patched()
 

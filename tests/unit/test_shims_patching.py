@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import maxtext_compat
 from helpers.fake_layers import LAYERS_SOURCE
 from helpers.fake_modules import FakePackage, make_module
-from maxtext_compat import shims
+from maxtext_compat import patching, shims
 from maxtext_compat.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -32,8 +32,7 @@ from maxtext_compat.errors import (
     PatchTargetError,
     ProfileError,
 )
-from maxtext_compat.shims import patching, profiles, registry
-from maxtext_compat.shims.patching import MARKER, PatchSpec, add_keyword_params
+from maxtext_compat.patching import MARKER, PatchSpec, add_keyword_params, ledger, profiles
 
 
 class Fake(FakePackage):
@@ -85,7 +84,7 @@ def clean_state() -> Iterator[None]:
     for name in set(profiles.registered_profiles()) - before:
         shims.unregister_profile(name)
     profiles.set_default_profile_chooser(None)
-    assert registry.active_patches() == []
+    assert ledger.active_patches() == []
     assert patching.installed_layers() == ()
 
 
@@ -153,7 +152,7 @@ def test_signature_advertises_added_keywords(fake: Fake):
 def test_signature_seam_with_and_without_wrapts_private_classes(fake: Fake, mocker, seam: str):
     """The private wrapt classes sit behind one seam; without them (a future wrapt) the public
     `with_signature` still advertises the added keywords, calls pass through, uninstall restores."""
-    from maxtext_compat.shims.patching import wrappers
+    from maxtext_compat.patching import wrappers
 
     if seam == "public":
         mocker.patch.object(wrappers, "_with_signature", wrappers.public_with_signature)
@@ -245,7 +244,7 @@ def test_install_twice_is_a_no_op(fake: Fake):
     first = shims.install("p")
     assert shims.install("p") is first
     assert fake.layers.f(1) == ("f", 1, "A")  # wrapped once, not twice
-    assert len([p for p in registry.active_patches() if p.profile == "p"]) == 5
+    assert len([p for p in ledger.active_patches() if p.profile == "p"]) == 5
     assert shims.uninstall("p") == ["p"]
     assert shims.uninstall("p") == []  # idempotent too
     fake.assert_pristine()
@@ -254,7 +253,7 @@ def test_install_twice_is_a_no_op(fake: Fake):
 def test_registry_records_target_origin_profile_and_aliases(fake: Fake):
     register("p", *all_specs(fake))
     shims.install("p")
-    rows = {p.target: p for p in registry.active_patches()}
+    rows = {p.target: p for p in ledger.active_patches()}
     row = rows[fake.target("f")]
     assert row.as_dict() == {"target": fake.target("f"), "origin": f"{__name__}.tagger.A", "profile": "p"}
     assert set(row.aliases) == {f"{fake.pkg}.user:f", f"{fake.pkg}.user:fn_alias"}
@@ -264,7 +263,7 @@ def test_registry_records_target_origin_profile_and_aliases(fake: Fake):
 
     assert {d["target"] for d in _active_patches()} == set(rows)
     shims.uninstall()
-    assert registry.active_patches() == []
+    assert ledger.active_patches() == []
 
 
 def test_marker_on_each_patched_owner(fake: Fake):
@@ -345,7 +344,7 @@ def test_two_profiles_stack_and_uninstall_in_any_order(fake: Fake, order: list[s
     assert a(1) == ("call", 1, "A", "B") and fake.user.f(1) == ("f", 1, "A", "B")
     assert a.inherited(1) == ("inherited", 1, "A", "B")
     assert vars(fake.layers)[MARKER] == {"f": ("A", "B")}
-    assert {p.stacked_on for p in registry.active_patches() if p.profile == "B"} == {"profile A"}
+    assert {p.stacked_on for p in ledger.active_patches() if p.profile == "B"} == {"profile A"}
     sig = inspect.signature(fake.layers.Attention.__call__)
     assert "kv_cache" in sig.parameters
     first, second = order
@@ -353,7 +352,7 @@ def test_two_profiles_stack_and_uninstall_in_any_order(fake: Fake, order: list[s
     assert a(1) == ("call", 1, second) and fake.user.f(1) == ("f", 1, second)
     assert a.c(2) == ("c", 2, second) and a.inherited(3) == ("inherited", 3, second)
     assert vars(fake.layers)[MARKER] == {"f": (second,)}
-    assert {p.stacked_on for p in registry.active_patches()} == {""}
+    assert {p.stacked_on for p in ledger.active_patches()} == {""}
     shims.uninstall(second)
     fake.assert_pristine()
 
@@ -456,7 +455,7 @@ def test_target_wrapped_by_someone_else_is_a_conflict_unless_stacking(fake: Fake
     assert vars(fake.layers.Attention)["__call__"] is foreign and not shims.installed()
     shims.install("p", stack=True)
     assert fake.layers.Attention()(1) == ("call", 1, "theirs", "A")
-    assert any(p.stacked_on.startswith("foreign") for p in registry.active_patches())
+    assert any(p.stacked_on.startswith("foreign") for p in ledger.active_patches())
     shims.uninstall()
     assert vars(fake.layers.Attention)["__call__"] is foreign  # theirs is restored, not the original
 
@@ -469,7 +468,7 @@ def test_function_assigned_from_another_module_is_a_conflict(fake: Fake):
     register("p", PatchSpec(fake.target("f"), tagger("A")))
     with pytest.raises(PatchConflictError, match=r"defined in 'tests\.unit\.test_shims_patching'|rather than"):
         shims.install("p")
-    assert fake.layers.f is replacement and registry.active_patches() == []
+    assert fake.layers.f is replacement and ledger.active_patches() == []
 
 
 def test_functools_wraps_wrapper_from_the_same_module_is_not_a_conflict(fake: Fake):
@@ -759,7 +758,7 @@ def test_fork_child_inherits_patches_marker_and_state(fake: Fake):
         assert shims.installed("p") and fake.layers.f(1) == ("f", 1, "A")
         assert vars(fake.layers)[MARKER] == {"f": ("p",)}
         assert shims.install("p") is not None  # plugin loaded again in the child: no-op
-        assert all(p.pid != os.getpid() for p in registry.active_patches())  # installed by the parent
+        assert all(p.pid != os.getpid() for p in ledger.active_patches())  # installed by the parent
         shims.uninstall()
         fake.assert_pristine()
 
@@ -801,8 +800,8 @@ def test_a_spawned_process_starts_unpatched(fake: Fake):
 def test_import_shims_is_lazy():
     code = (
         "import sys, maxtext_compat.shims as s\n"
-        "assert 'maxtext_compat.shims.patching' not in sys.modules and 'wrapt' not in sys.modules\n"
-        "assert callable(s.install) and 'maxtext_compat.shims.patching' in sys.modules\n"
+        "assert 'maxtext_compat.patching' not in sys.modules and 'wrapt' not in sys.modules\n"
+        "assert callable(s.install) and 'maxtext_compat.patching' in sys.modules\n"
         "assert 'install' in dir(s)\n"
         "try:\n    s.nope\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n"
     )
@@ -814,7 +813,7 @@ def test_import_shims_is_lazy():
 
 def test_a_profile_of_callables_and_values_installs_and_goes_as_one(fake: Fake, monkeypatch):
     """A builder may return Settings beside PatchSpecs: one PatchSet, one ledger, one removal."""
-    from maxtext_compat.shims.patching.settings import Setting, attribute_slot, env_slot
+    from maxtext_compat.patching.settings import Setting, attribute_slot, env_slot
 
     monkeypatch.delenv("MAXTEXT_COMPAT_TEST_PROFILE_VALUE", raising=False)
     stock = fake.layers.Attention.s
@@ -827,7 +826,7 @@ def test_a_profile_of_callables_and_values_installs_and_goes_as_one(fake: Fake, 
     assert patch_set is not None
     assert fake.layers.LIMIT == 64 and os.environ["MAXTEXT_COMPAT_TEST_PROFILE_VALUE"] == "on"
     assert fake.layers.f(5) == ("f", 5, "A")
-    listed = {p.target for p in registry.active_patches() if p.profile == "mixed"}
+    listed = {p.target for p in ledger.active_patches() if p.profile == "mixed"}
     assert (
         listed == set(patch_set.targets) >= {f"{fake.pkg}.layers:LIMIT", "os.environ:MAXTEXT_COMPAT_TEST_PROFILE_VALUE"}
     )
@@ -839,7 +838,7 @@ def test_a_profile_of_callables_and_values_installs_and_goes_as_one(fake: Fake, 
 
 
 def test_a_value_that_cannot_be_set_leaves_every_callable_unwrapped(fake: Fake):
-    from maxtext_compat.shims.patching.settings import Setting, global_slot
+    from maxtext_compat.patching.settings import Setting, global_slot
 
     def refuse(value):
         raise OSError("read-only")
@@ -848,13 +847,13 @@ def test_a_value_that_cannot_be_set_leaves_every_callable_unwrapped(fake: Fake):
     shims.register_profile("mixed", lambda: [*all_specs(fake), bad])
     with pytest.raises(OSError, match="read-only"):
         shims.install("mixed")
-    assert not shims.installed("mixed") and registry.active_patches() == []
+    assert not shims.installed("mixed") and ledger.active_patches() == []
     fake.assert_pristine()
 
 
 def test_a_wrapper_that_cannot_be_written_takes_the_values_back(fake: Fake, mocker, monkeypatch):
-    from maxtext_compat.shims.patching import transaction
-    from maxtext_compat.shims.patching.settings import Setting, env_slot
+    from maxtext_compat.patching import transaction
+    from maxtext_compat.patching.settings import Setting, env_slot
 
     monkeypatch.setenv("MAXTEXT_COMPAT_TEST_PROFILE_VALUE", "theirs")
     value = Setting(env_slot("MAXTEXT_COMPAT_TEST_PROFILE_VALUE"), "ours", "test.env")
@@ -863,7 +862,7 @@ def test_a_wrapper_that_cannot_be_written_takes_the_values_back(fake: Fake, mock
     with pytest.raises(PatchError, match="injected"):
         shims.install("mixed")
     assert os.environ["MAXTEXT_COMPAT_TEST_PROFILE_VALUE"] == "theirs"
-    assert not shims.installed("mixed") and registry.active_patches() == []
+    assert not shims.installed("mixed") and ledger.active_patches() == []
     fake.assert_pristine()
 
 

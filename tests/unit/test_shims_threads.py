@@ -20,9 +20,8 @@ import pytest
 from helpers.callers import CallerThreads
 from helpers.fake_layers import LAYERS_SOURCE, tagger
 from helpers.fake_modules import FakePackage, make_module
-from maxtext_compat import shims
-from maxtext_compat.shims import patching, profiles, registry
-from maxtext_compat.shims.patching import PatchSpec, add_keyword_params
+from maxtext_compat import patching, shims
+from maxtext_compat.patching import PatchSpec, add_keyword_params, ledger, profiles
 
 CYCLES = int(os.environ.get("MAXTEXT_COMPAT_SHIM_CYCLES", "1000"))
 CALLERS = 8
@@ -71,7 +70,7 @@ def fake() -> Iterator[Fake]:
     shims.uninstall(force=True)
     for name in [n for n in profiles.registered_profiles() if n.startswith("thr-")]:
         shims.unregister_profile(name)
-    assert registry.active_patches() == [] and patching.installed_layers() == ()
+    assert ledger.active_patches() == [] and patching.installed_layers() == ()
     fk.assert_pristine()
     fk.cleanup()
 
@@ -182,7 +181,7 @@ def test_concurrent_installs_of_one_profile_wrap_once(fake: Fake):
             w.join()
     assert errors == [] and callers.failures == []
     installed = shims.installed("thr-a")
-    assert len([p for p in registry.active_patches() if p.profile == "thr-a"]) == (5 if installed else 0)
+    assert len([p for p in ledger.active_patches() if p.profile == "thr-a"]) == (5 if installed else 0)
 
 
 def test_concurrent_stacking_of_many_profiles(fake: Fake):

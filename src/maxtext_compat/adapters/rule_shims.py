@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.shims.patching import layer_of
+from maxtext_compat import names
+from maxtext_compat.patching import layer_of
 
-RULE_PROFILES = ("vllm-backport", "call-rule")  # shim profiles whose class wrappers apply the call rule
+RULE_PROFILES = names.RULE_PROFILES
 _MISSING = object()
 
 

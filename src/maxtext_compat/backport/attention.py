@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxtext_compat import rpa
 from maxtext_compat.backport.session import KVSession
 from maxtext_compat.errors import BackportError
+from maxtext_compat.kernel import rpa
 from maxtext_compat.paged.sharding import make_mesh
 
 HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")

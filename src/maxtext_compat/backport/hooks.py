@@ -15,15 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from maxtext_compat import names
 from maxtext_compat.backport.attention import attend
 from maxtext_compat.backport.session import current
 from maxtext_compat.errors import BackportError
 from maxtext_compat.matrix import MaxTextRow
-from maxtext_compat.shims import profiles
-from maxtext_compat.shims.patching import PatchSpec
+from maxtext_compat.patching import PatchSpec, profiles
+from maxtext_compat.patching.shim import Shim
 
-PROFILE = "backport-hooks"
-TRAIN = "train"  # MaxText's MODEL_MODE_TRAIN in every release
+PROFILE = names.BACKPORT_HOOKS
+FULL_PROFILE = names.VLLM_BACKPORT  # MaxText's full backport shim (maxtext_compat.shims) carries these hooks
+TRAIN = names.TRAIN
 
 
 def _attention_op_hook(original: Any) -> Any:
@@ -99,12 +101,30 @@ def specs(row: MaxTextRow) -> list[Any]:
     ]
 
 
+class BackportHooksShim(Shim):
+    """The four hooks on the row's own classes, inert outside a backport KV session."""
+
+    name = PROFILE
+    description = "inert unless a backport KV session is active"
+    verified_for = ("maxtext 0.1.0 (the rows without a vLLM path; classes named by the row)",)
+
+    def __init__(self, row: MaxTextRow) -> None:
+        self.row = row
+
+    def applies(self) -> str | None:
+        if profiles.installed(FULL_PROFILE):
+            return f"profile {FULL_PROFILE!r} is installed and includes these hooks"
+        return None
+
+    def specs(self) -> list[PatchSpec]:
+        return specs(self.row)
+
+    def facts(self) -> dict[str, str]:
+        return {"maxtext": self.row.name}
+
+
 def ensure_installed(row: MaxTextRow) -> None:
     """Install the hooks for `row` (idempotent, all or nothing)."""
-    if profiles.installed(PROFILE) or profiles.installed("vllm-backport"):  # the full shim includes these hooks
+    if profiles.installed(PROFILE) or profiles.installed(FULL_PROFILE):  # the full shim includes these hooks
         return
-    if PROFILE not in profiles.registered_profiles():
-        profiles.register_profile(
-            PROFILE, lambda: specs(row), description="inert unless a backport KV session is active"
-        )
-    profiles.install(PROFILE)
+    BackportHooksShim(row).install()

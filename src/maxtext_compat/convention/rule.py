@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from maxtext_compat import names
 from maxtext_compat.convention import declared as callers
 from maxtext_compat.convention import policy
 from maxtext_compat.convention.binding import NEW, OLD, make_fast_call
@@ -31,7 +32,7 @@ from maxtext_compat.convention.translate import Translated, Translator, describe
 from maxtext_compat.errors import ConventionMismatchError, InvalidArgumentError, KVCacheNotUpdatedError
 from maxtext_compat.matrix import MaxTextRow
 
-TRAIN = "train"
+TRAIN = names.TRAIN
 # The module whose call the adapter is running natively right now: a rule shim met on the way (one stacked
 # under another profile's wrapper, which the adapter's shim lookup cannot see) must not apply the rule again.
 RULE_APPLIED: contextvars.ContextVar[int] = contextvars.ContextVar("maxtext_compat_rule_applied", default=0)

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from maxtext_compat import names
 from maxtext_compat.contract import checked
 from maxtext_compat.decode.timing import TraceCountingJit, timed_call
 from maxtext_compat.decode.types import Generation, StepRecord, check_force, check_prompts, next_inputs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.paged.layout import align
 
-TRAIN = "train"
+TRAIN = names.TRAIN
 
 
 def _forward(graphdef: Any, state: Any, tokens: Any, positions: Any, segments: Any) -> Any:

@@ -293,7 +293,7 @@ class TpuInferenceRow:
     notes: FreeText = ""
     not_real: str = ""  # why no test environment installs a release of this range (one line), if none does
     # The serving stack's own defects (whatever the model): worked around by the serving-requests shim or
-    # refused at request time (shims/serving_requests.py); `when.tpu_inference` narrows the range.
+    # refused at request time (serving_fixes/request_defects.py); `when.tpu_inference` narrows the range.
     known_defects: tuple[KnownDefect, ...] = ()
 
     def after_read(self, node: Node) -> None:

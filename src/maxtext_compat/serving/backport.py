@@ -24,13 +24,14 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from maxtext_compat import names
 from maxtext_compat.errors import ServingConfigError, ServingError
 from maxtext_compat.serving import backport_mesh as serving_mesh
 from maxtext_compat.serving import backport_params as serving_params
 from maxtext_compat.serving.backend import StepOutput
 from maxtext_compat.serving.nnx_backend import NNXTransformerBackend
 
-PROFILE = "vllm-backport"
+PROFILE = names.VLLM_BACKPORT
 VLLM_ATTENTION = "vllm_rpa"
 # MaxText's configs/inference/vllm.yml of 0.2.x, as far as 0.1.0's base.yml knows the keys; the
 # parallelism keys put every device on `tensor` (the only parallelism the backport serves).
@@ -58,7 +59,8 @@ class BackportServingBackend(NNXTransformerBackend):
         vLLM plugin still never traces a step without the hooks. The test/tool helpers do not:
         they run MaxText's own code, unpatched.
         """
-        from maxtext_compat.shims import maxtext_profiles, profiles
+        from maxtext_compat.patching import profiles
+        from maxtext_compat.shims import maxtext_profiles
 
         maxtext_profiles.register()
         profiles.install(PROFILE)
@@ -118,7 +120,7 @@ class BackportServingBackend(NNXTransformerBackend):
     # ---------------------------------------------------------------- config
 
     def load_config(self, overrides: dict[str, Any]) -> Any:
-        from maxtext_compat.shims.cpu_serving import cpu_only
+        from maxtext_compat.platforms import cpu_only
 
         self.prepare()  # pyconfig accepts attention="vllm_rpa" only with the shim installed
         values = {**SERVING_DEFAULTS, **overrides}
@@ -185,7 +187,7 @@ class BackportServingBackend(NNXTransformerBackend):
         if session.hidden is None:
             raise ServingError(
                 f"{where} did not reach its output head",
-                argument="vllm-backport",
+                argument=PROFILE,
                 expected="the pre-norm hidden state recorded by the backport hooks",
                 found="none",
                 fix="check `maxtext-compat doctor`: the vllm-backport profile must be installed",
@@ -195,7 +197,7 @@ class BackportServingBackend(NNXTransformerBackend):
 
     def compute_logits(self, model: Any, cfg: Any, mesh: Any, hidden: Any) -> Any:
         from maxtext_compat.convention.returns import logits_from_hidden
-        from maxtext_compat.shims import output_head
+        from maxtext_compat.serving_fixes import output_head
 
         with self._ctx(cfg, mesh):
             embedder = output_head.embedder(model)

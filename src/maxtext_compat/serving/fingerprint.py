@@ -70,7 +70,7 @@ def current(model: str | None = None, resolution: Any = None) -> Fingerprint:
     """This process's fingerprint: its resolution (or the installed one), active profiles, effective settings."""
     import importlib.metadata
 
-    from maxtext_compat.shims.registry import active_patches
+    from maxtext_compat.patching.ledger import active_patches
 
     if resolution is None:
         from maxtext_compat.errors import CompatError

@@ -157,7 +157,7 @@ class NativeBackend(NNXTransformerBackend):
     def compute_logits(self, model: Any, cfg: Any, mesh: Any, hidden: Any) -> Any:
         import jax.numpy as jnp
 
-        from maxtext_compat.shims import output_head
+        from maxtext_compat.serving_fixes import output_head
 
         with self._ctx(cfg, mesh):
             y = jnp.expand_dims(hidden, axis=1)

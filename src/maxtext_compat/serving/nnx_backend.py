@@ -55,7 +55,7 @@ class NNXTransformerBackend(ServingBackend):
 
         Without a base_output_directory in `overrides`, the config gets a temporary one that goes with it
         (tempdirs: removed when the config is garbage-collected, at exit at the latest)."""
-        from maxtext_compat.shims.cpu_serving import cpu_only
+        from maxtext_compat.platforms import cpu_only
 
         values = {**BASE_DEFAULTS, **overrides}
         if cpu_only():
@@ -82,8 +82,8 @@ class NNXTransformerBackend(ServingBackend):
 
     def _round_head_once(self, model: Any, cfg: Any, mesh: Any) -> Any:
         """The served model, with a tied output head's table rounded to bfloat16 once here instead of in every
-        step's logits (shims.output_head: same logits, bit for bit); `compute_logits` hands it to the head."""
-        from maxtext_compat.shims import output_head
+        step's logits (serving_fixes.output_head: same logits, bit for bit); `compute_logits` hands it to the head."""
+        from maxtext_compat.serving_fixes import output_head
 
         with self._ctx(cfg, mesh):
             output_head.attach(model, cfg, self.row.import_root)

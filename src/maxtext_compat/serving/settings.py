@@ -7,7 +7,7 @@ worker: `--additional-config '{"maxtext_compat": {"rpa_kernel": "xla"}}'`. `appl
 process's environment (the code that reads each setting reads it there), refusing an unknown key, a bad value, or
 a value the process's environment already contradicts, each with a typed error.
 
-Each setting's parser is the one its reader uses (cpu_kernel.kernel_choice, cpu_serving.disabled_parts, ...), and
+Each setting's parser is the one its reader uses (platforms.kernel_choice, platforms.disabled_parts, ...), and
 gives a canonical value (what two hosts must agree on: "1" and "true" are the same on/off value).
 """
 
@@ -54,19 +54,19 @@ def _matrix(raw: str) -> object:
 
 
 def _rpa_kernel(raw: str) -> object:
-    from maxtext_compat.shims.cpu_kernel import kernel_choice
+    from maxtext_compat.platforms import kernel_choice
 
     return kernel_choice(raw)
 
 
 def _disabled_cpu_parts(raw: str) -> object:
-    from maxtext_compat.shims.cpu_serving import disabled_parts
+    from maxtext_compat.platforms import disabled_parts
 
     return sorted(disabled_parts(raw))
 
 
 def _cpu_hbm(raw: str) -> object:
-    from maxtext_compat.shims.cpu_serving import cpu_hbm_bytes
+    from maxtext_compat.platforms import cpu_hbm_bytes
 
     return cpu_hbm_bytes(raw)
 

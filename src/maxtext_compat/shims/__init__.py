@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 from maxtext_compat._lazy import lazy_face
 
 if TYPE_CHECKING:
-    from maxtext_compat.shims.patching import Original, PatchSet, PatchSpec, add_keyword_params
-    from maxtext_compat.shims.profiles import (
+    from maxtext_compat.patching import Original, PatchSet, PatchSpec, add_keyword_params
+    from maxtext_compat.patching.ledger import ActivePatch, active_patches
+    from maxtext_compat.patching.profiles import (
         Profile,
         active_profiles,
         default_profile,
@@ -34,28 +35,27 @@ if TYPE_CHECKING:
         unregister_profile,
         verify,
     )
-    from maxtext_compat.shims.registry import ActivePatch, active_patches
 
 _EXPORTS = {
     "Original": "patching",
     "PatchSet": "patching",
     "PatchSpec": "patching",
     "add_keyword_params": "patching",
-    "Profile": "profiles",
-    "active_profiles": "profiles",
-    "default_profile": "profiles",
-    "has_default_profile_chooser": "profiles",
-    "install": "profiles",
-    "installed": "profiles",
-    "patched": "profiles",
-    "register_profile": "profiles",
-    "registered_profiles": "profiles",
-    "set_default_profile_chooser": "profiles",
-    "uninstall": "profiles",
-    "unregister_profile": "profiles",
-    "verify": "profiles",
-    "ActivePatch": "registry",
-    "active_patches": "registry",
+    "Profile": "patching.profiles",
+    "active_profiles": "patching.profiles",
+    "default_profile": "patching.profiles",
+    "has_default_profile_chooser": "patching.profiles",
+    "install": "patching.profiles",
+    "installed": "patching.profiles",
+    "patched": "patching.profiles",
+    "register_profile": "patching.profiles",
+    "registered_profiles": "patching.profiles",
+    "set_default_profile_chooser": "patching.profiles",
+    "uninstall": "patching.profiles",
+    "unregister_profile": "patching.profiles",
+    "verify": "patching.profiles",
+    "ActivePatch": "patching.ledger",
+    "active_patches": "patching.ledger",
 }
 
 __all__ = [
@@ -88,9 +88,10 @@ def _register_builtins(owner: str) -> None:
     """MaxText's own profiles (vllm-backport, known-defects) and the matrix-driven default choice, once per
     process, the first time the profile API is reached (a user who clears the chooser later keeps it cleared)."""
     global _BUILTINS_REGISTERED
-    if owner == "profiles" and not _BUILTINS_REGISTERED:
+    if owner == "patching.profiles" and not _BUILTINS_REGISTERED:
         importlib.import_module(f"{__name__}.maxtext_profiles").register()
         _BUILTINS_REGISTERED = True
 
 
-__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, before_first=_register_builtins)
+# The engine lives in maxtext_compat.patching (no MaxText knowledge); this face adds MaxText's profiles.
+__getattr__, __dir__ = lazy_face("maxtext_compat", _EXPORTS, face=__name__, before_first=_register_builtins)

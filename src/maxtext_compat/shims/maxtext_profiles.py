@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from maxtext_compat import names
 from maxtext_compat.backport.call import inner_call
 from maxtext_compat.backport.session import current
 from maxtext_compat.convention import declared as callers
@@ -20,12 +21,12 @@ from maxtext_compat.convention.rule import CallSite, call_rule, made_a_rule_shim
 from maxtext_compat.convention.signature import advertised_signature, native_signature
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.patching.shim import Shim
 from maxtext_compat.write_path import WRITE_PATH
 
-BACKPORT = "vllm-backport"
-DEFECTS = "known-defects"
-CALL_RULE = "call-rule"
-TRAIN = "train"
+BACKPORT = names.VLLM_BACKPORT
+DEFECTS = names.KNOWN_DEFECTS
+CALL_RULE = names.CALL_RULE
 _registered = fork_safe_lock()
 
 
@@ -378,23 +379,59 @@ class _CallerConventions:
             callers.set_caller_convention(None)
 
 
+class _RowShim(Shim):
+    """A MaxText profile: its patches are built for the installed release's matrix row at install time."""
+
+    def build(self, row: MaxTextRow) -> list[Any]:
+        raise NotImplementedError
+
+    def specs(self) -> list[Any]:
+        return self.build(_row())
+
+    def facts(self) -> dict[str, str]:
+        return {"maxtext": _row().name}
+
+
+class VllmBackportShim(_RowShim):
+    name = BACKPORT
+    description = "new calls on a pre-#2616 MaxText: the call rule, its KV session and ragged paged attention"
+    verified_for = ("maxtext 0.1.0 (rows without the KV parameters)",)
+
+    def build(self, row: MaxTextRow) -> list[Any]:
+        return backport_specs(row)
+
+
+class KnownDefectsShim(_RowShim):
+    name = DEFECTS
+    description = "fixes listed in the matrix row"
+    verified_for = ("the defects each matrix row lists, with the releases each was seen on",)
+
+    def build(self, row: MaxTextRow) -> list[Any]:
+        return defect_specs(row)
+
+
+class CallRuleShim(_RowShim):
+    name = CALL_RULE
+    description = "the call rule (and a declared caller convention) in MaxText's own classes"
+    verified_for = ("maxtext 0.2.0-0.2.5 (rows with the KV parameters)",)
+
+    def build(self, row: MaxTextRow) -> list[Any]:
+        return call_rule_specs(row)
+
+
 def register() -> None:
-    """Register both profiles and, when none is set, the matrix-driven default chooser (idempotent, light).
+    """Register the three shims and, when none is set, the matrix-driven default chooser (idempotent, light).
 
     Safe to call again after a user or a test unregistered a profile or cleared the chooser: what is
     missing is put back, what is there is left alone.
     """
-    from maxtext_compat.shims import profiles
+    from maxtext_compat.patching import profiles, shim
 
     with _registered:
         if not {BACKPORT, DEFECTS, CALL_RULE} <= set(profiles.registered_profiles()):
-            profiles.register_profile(BACKPORT, lambda: backport_specs(_row()), description=__doc__.splitlines()[0],
-                                      replace=True)  # fmt: skip
-            profiles.register_profile(DEFECTS, lambda: defect_specs(_row()),
-                                      description="fixes listed in the matrix row", replace=True)  # fmt: skip
-            profiles.register_profile(CALL_RULE, lambda: call_rule_specs(_row()), replace=True,
-                                      description="the call rule (and a declared caller convention) in MaxText's "
-                                      "own classes")  # fmt: skip
+            for made in (VllmBackportShim(), KnownDefectsShim(), CallRuleShim()):
+                if not profiles.installed(made.name):
+                    shim.register(made)
             profiles.set_declarations(_CallerConventions())
         if not profiles.has_default_profile_chooser():
             profiles.set_default_profile_chooser(choose)

@@ -34,7 +34,7 @@ def ensure_kernel() -> Any:
 
     if "tpu_inference" not in installed_versions():
         return None
-    from maxtext_compat.shims import cpu_rpa
+    from maxtext_compat.cpu import rpa as cpu_rpa
 
     return cpu_rpa.install()
 

@@ -4,7 +4,7 @@ Why: tpu-inference's runner assumes TPU devices. Measured on tpu-inference 0.32.
 `vllm serve` on JAX_PLATFORMS=cpu fails at:
   F1 `make_optimized_mesh` sorts devices by `.coords` (CPU devices have none) -> plain mesh;
   F2 `get_device_hbm_limit` -> `get_device_name` raises 'Expected TPU devices' -> a fixed CPU limit;
-  F3 the RPA Pallas kernel ('Only interpret mode is supported on CPU backend') -> `shims.cpu_rpa`,
+  F3 the RPA Pallas kernel ('Only interpret mode is supported on CPU backend') -> `cpu.rpa`,
      and by default the kernel's exact semantics as one XLA program (`rpa_xla`, ~500x faster than
      interpret mode) in its place: `MAXTEXT_COMPAT_RPA_KERNEL=pallas` runs the real kernel instead;
   F4 `get_step_fn_compiler_options` / `get_sampling_compiler_options` hand XLA:CPU TPU-only options
@@ -21,7 +21,7 @@ Rules: acts only when jax is configured for the CPU platform alone (JAX_PLATFORM
 decided from the configuration, without initialising a backend, so an API-server process on a TPU
 host never grabs the TPU. Each wrapper checks again at call time and passes through on
 non-CPU devices. Patches go through the patching core (atomic, reversible, recorded in
-`shims.registry`, aliases such as `from tpu_inference.utils import make_optimized_mesh` swept).
+`patching.ledger`, aliases such as `from tpu_inference.utils import make_optimized_mesh` swept).
 `MAXTEXT_COMPAT_DISABLE_CPU_SHIM=1` (or a comma list of parts: mesh,hbm,compiler_options,rpa)
 leaves parts out, which is how the tests prove the shim is what makes serving work.
 """
@@ -31,33 +31,31 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from maxtext_compat import names
+from maxtext_compat.cpu.kernel_choice import ATTENTION_INTERFACE, XLA_KERNELS, resolve_kernel, xla_kernel_factory
 from maxtext_compat.errors import InvalidArgumentError, ServingConfigError
-from maxtext_compat.locks import fork_safe_lock
-from maxtext_compat.shims import profiles, rpa_mesh_limits
-from maxtext_compat.shims.cpu_kernel import (
-    ATTENTION_INTERFACE,
+from maxtext_compat.kernel import mesh_limits
+from maxtext_compat.patching import Original, PatchSpec, profiles
+from maxtext_compat.patching.settings import Setting, attribute_slot
+from maxtext_compat.patching.shim import NOT_ASKED, Shim
+from maxtext_compat.patching.shim import status_of as shim_status
+from maxtext_compat.platforms import (
+    DISABLE_ENV,
     KERNEL_ENV,
-    XLA_KERNELS,
+    PARTS,
+    configured_platforms,
+    cpu_hbm_bytes,
+    cpu_only,
+    disabled_parts,
     kernel_choice,
-    resolve_kernel,
-    xla_kernel_factory,
 )
-from maxtext_compat.shims.patching import Original, PatchSpec
-from maxtext_compat.shims.patching.settings import Setting, attribute_slot
 
-PROFILE = "cpu-serving"
-PARTS: tuple[str, ...] = ("mesh", "hbm", "compiler_options", "rpa", "host_copy")
-DISABLE_ENV = "MAXTEXT_COMPAT_DISABLE_CPU_SHIM"
-HBM_ENV = "MAXTEXT_COMPAT_CPU_HBM_GB"
-MAX_CPU_HBM_GB = 1 << 20  # 1 PiB: anything above is a typo
-DEFAULT_CPU_HBM_GB = 2.0  # what the KV-cache sizing sees; pass --num-gpu-blocks-override for tiny caches
-
+PROFILE = names.CPU_SERVING
 UTILS = "tpu_inference.utils"
 DEVICE_PUT = "tpu_inference.layers.common.utils:general_device_put"
 COMPILER_OPTIONS = "tpu_inference.models.common.compiler_options"
@@ -67,7 +65,6 @@ TOPOLOGY = "tpu_inference.distributed.utils:get_device_topology_order_id"  # the
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
 
 log = logging.getLogger(__name__)
-_LOCK = fork_safe_lock()
 
 
 @dataclass(frozen=True)
@@ -83,62 +80,9 @@ class CpuServingStatus:
     not_needed: tuple[str, ...] = ()  # parts the installed tpu-inference has no step for (in `skipped` too)
 
 
-_STATUS: CpuServingStatus | None = None
-_RPA_OURS = False  # whether this module installed cpu_rpa (and so removes it)
-
-
 # --------------------------------------------------------------------------------------------
 # When to act
 # --------------------------------------------------------------------------------------------
-
-
-def configured_platforms() -> tuple[str, ...]:
-    """The platforms jax is configured for, read without initialising a backend."""
-    jax = sys.modules.get("jax")
-    value = None
-    if jax is not None:
-        try:
-            value = jax.config.jax_platforms
-        except AttributeError:
-            value = None
-    if not value:
-        value = os.environ.get("JAX_PLATFORMS", "") or os.environ.get("JAX_PLATFORM_NAME", "")
-    return tuple(p.strip().lower() for p in str(value).split(",") if p.strip())
-
-
-def cpu_only() -> bool:
-    """True when jax can only use CPU devices (JAX_PLATFORMS=cpu); never initialises a backend."""
-    return configured_platforms() == ("cpu",)
-
-
-def disabled_parts(value: str | None = None) -> tuple[str, ...]:
-    """Parts switched off by MAXTEXT_COMPAT_DISABLE_CPU_SHIM ('1'/'all' = every part)."""
-    from maxtext_compat.switches import FALSE, TRUE, parse_flag
-
-    raw = os.environ.get(DISABLE_ENV, "") if value is None else value
-    if raw.lower() in ("all", *TRUE, *FALSE, ""):
-        return PARTS if raw.lower() == "all" or parse_flag(DISABLE_ENV, raw) else ()
-    names = tuple(p.strip().lower() for p in raw.split(",") if p.strip())
-    unknown = [n for n in names if n not in PARTS]
-    if unknown or not names:  # " 1" or "y" is no part name: refused, not read as "nothing disabled"
-        raise InvalidArgumentError(
-            f"{DISABLE_ENV} names unknown parts",
-            argument=DISABLE_ENV,
-            expected=f"1/all (every part), 0 (none), or a comma list of {list(PARTS)}",
-            found=repr(raw),
-            fix=f"e.g. {DISABLE_ENV}=rpa or {DISABLE_ENV}=mesh,hbm",
-        )
-    return names
-
-
-def cpu_hbm_bytes(value: str | None = None) -> int:
-    """The HBM limit a CPU device reports (MAXTEXT_COMPAT_CPU_HBM_GB, or `value`), in bytes."""
-    from maxtext_compat.switches import env_positive_number
-
-    gb = env_positive_number(
-        HBM_ENV, example="2", default=f"{DEFAULT_CPU_HBM_GB:g} GiB", maximum=MAX_CPU_HBM_GB, value=value
-    )
-    return int((DEFAULT_CPU_HBM_GB if gb is None else gb) * (1 << 30))
 
 
 def _on_cpu_devices(devices: Iterable[Any]) -> bool:
@@ -153,7 +97,7 @@ def _on_cpu_devices(devices: Iterable[Any]) -> bool:
 
 def _mesh_factory(original: Original, *, kernel: str | None = None) -> Callable[..., Any]:
     """A plain mesh of CPU devices; with the real kernel interpreted (`kernel="pallas"`), refused where
-    `rpa_mesh_limits` says the interpreter cannot run its 'model' axis (the server calls the kernel past
+    `mesh_limits` says the interpreter cannot run its 'model' axis (the server calls the kernel past
     our dispatcher, so its mesh is where the check can stand)."""
 
     def make_optimized_mesh(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -178,7 +122,7 @@ def _mesh_factory(original: Original, *, kernel: str | None = None) -> Callable[
             )
         if kernel == "pallas":
             shape = dict(zip(axis_names, (int(s) for s in axis_shapes), strict=False))
-            rpa_mesh_limits.check_mesh(shape.get("model", 1), interpret=True, jax_version=jax.__version__)
+            mesh_limits.check_mesh(shape.get("model", 1), interpret=True, jax_version=jax.__version__)
         # CPU devices have no coords to sort by; their ids are already in order.
         return Mesh(np.array(devs[:need]).reshape(tuple(int(s) for s in axis_shapes)), tuple(axis_names))
 
@@ -288,13 +232,14 @@ def _not_needed() -> dict[str, str]:
 
 def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec | Setting]:
     specs: list[PatchSpec | Setting] = []
-    origin = "maxtext_compat.shims.cpu_serving"
+    origin = "maxtext_compat.cpu.serving"
     if "host_copy" in parts:
         specs.append(PatchSpec(DEVICE_PUT, _host_copy_factory, origin=f"{origin} (F5 private copies of host inputs)"))
     if "rpa" in parts and kernel == "xla":
         for name in XLA_KERNELS:
             specs.append(PatchSpec(f"{ATTENTION_INTERFACE}:{name}", xla_kernel_factory(name), aliases=(),
-                                   origin="maxtext_compat.rpa_xla (F3 the kernel's semantics in XLA)"))  # fmt: skip
+                                   origin="maxtext_compat.kernel.rpa_xla (F3 the kernel's semantics in XLA)"),
+                                   )  # fmt: skip
     if "mesh" in parts:
         mesh = functools.partial(_mesh_factory, kernel=kernel)  # None when the rpa part is left out
         specs.append(PatchSpec(f"{UTILS}:make_optimized_mesh", mesh, origin=f"{origin} (F1 CPU mesh)"))
@@ -314,8 +259,6 @@ def _specs(parts: tuple[str, ...], kernel: str | None = None) -> list[PatchSpec 
 
 
 DESCRIPTION = "vllm serve on a CPU backend (F1, F2, F4, F5, F6, the XLA kernel for F3)"
-if PROFILE not in profiles.registered_profiles():  # listed from import on; install() registers the parts it applies
-    profiles.register_profile(PROFILE, functools.partial(_specs, ()), description=DESCRIPTION)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,35 +299,31 @@ def _sampling_settings() -> list[Setting]:
 # --------------------------------------------------------------------------------------------
 
 
-def installed() -> bool:
-    with _LOCK:
-        return _STATUS is not None and _STATUS.active
+class CpuServingShim(Shim):
+    """The parts a CPU `vllm serve` needs (mesh, HBM, compiler options, host copies, the kernel), in one patch set;
+    with the `rpa` part it also installs the CPU kernel stand-in (`cpu.rpa`) and removes it with itself."""
 
+    name = PROFILE
+    description = DESCRIPTION
+    verified_for = ("tpu-inference 0.11.1-0.32.0 (each part's target named by the installed release)",)
 
-def status() -> CpuServingStatus | None:
-    with _LOCK:
-        return _STATUS
+    def __init__(self, *, parts: Iterable[str] | None = None, force_rpa: bool = False) -> None:
+        self.parts, self.force_rpa = parts, force_rpa
+        self.wanted: tuple[str, ...] = ()
+        self.skipped: tuple[str, ...] = ()
+        self.absent: dict[str, str] = {}
+        self.kernel: str | None = None
+        self.rpa_targets: tuple[str, ...] = ()
+        self.rpa_ours = False  # whether this shim installed cpu.rpa (and so removes it)
 
-
-def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> CpuServingStatus:
-    """Apply the CPU serving shim in this process (idempotent); a no-op unless JAX_PLATFORMS=cpu.
-
-    parts: which parts to apply (default: all but those named in MAXTEXT_COMPAT_DISABLE_CPU_SHIM).
-    force_rpa: passed to `cpu_rpa.install(force=...)` (unverified jax).
-    """
-    global _STATUS, _RPA_OURS
-    with _LOCK:
-        if installed():
-            assert _STATUS is not None
-            return _STATUS
+    def applies(self) -> str | None:
         if not cpu_only():
-            platforms = ",".join(configured_platforms()) or "unset (jax picks TPU/GPU when present)"
-            status_ = CpuServingStatus(False, f"JAX_PLATFORMS is {platforms}, not cpu: nothing patched")
-            log.info("maxtext_compat cpu-serving shim: %s", status_.reason)
-            return status_
+            names = ",".join(configured_platforms()) or "unset (jax picks TPU/GPU when present)"
+            why = f"JAX_PLATFORMS is {names}, not cpu: nothing patched"
+            log.info("maxtext_compat cpu-serving shim: %s", why)
+            return why
         off = disabled_parts()
-        wanted = tuple(p for p in (PARTS if parts is None else tuple(parts)) if p in PARTS and p not in off)
-        bad = [p for p in (parts or ()) if p not in PARTS]
+        bad = [p for p in (self.parts or ()) if p not in PARTS]
         if bad:
             raise InvalidArgumentError(
                 "unknown CPU serving shim parts",
@@ -393,57 +332,92 @@ def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> C
                 found=bad,
                 fix=f"pass parts from {list(PARTS)}, or parts=None for all of them",
             )
-        absent = _not_needed()
-        for part, why in absent.items():
+        wanted = tuple(p for p in (PARTS if self.parts is None else tuple(self.parts)) if p not in off)
+        self.absent = _not_needed()
+        for part, why in self.absent.items():
             if part in wanted:
                 log.info("maxtext_compat cpu-serving shim: %s not needed: %s", part, why)
-        wanted = tuple(p for p in wanted if p not in absent)
-        skipped = tuple(p for p in PARTS if p not in wanted)
-        patch_targets: list[str] = []
-        kernel = resolve_kernel(kernel_choice()) if "rpa" in wanted else None
-        if not profiles.installed(PROFILE):  # specs are built once per registration: register these parts
-            builder = functools.partial(_specs, wanted, kernel)
-            profiles.register_profile(PROFILE, builder, description=DESCRIPTION, replace=True)
-        patch_set = profiles.install(PROFILE) if any(p != "rpa" for p in wanted) or kernel == "xla" else None
-        try:
-            if patch_set is not None:
-                patch_targets.extend(patch_set.targets)
-            if "rpa" in wanted:
-                from maxtext_compat.shims import cpu_rpa
-
-                was_on = cpu_rpa.installed()
-                rpa_status = cpu_rpa.install(force=force_rpa)
-                _RPA_OURS = rpa_status.active and not was_on
-                patch_targets.extend(rpa_status.patches)
-        except BaseException:
-            profiles.uninstall(PROFILE, force=True)  # all or nothing: the profile goes with the failed part
-            raise
-        _STATUS = CpuServingStatus(
-            True, "installed (JAX_PLATFORMS=cpu)", wanted, skipped, tuple(patch_targets), kernel, tuple(absent)
-        )
-        if switched_off := tuple(p for p in skipped if p in off):
+        self.wanted = tuple(p for p in wanted if p not in self.absent)
+        self.skipped = tuple(p for p in PARTS if p not in self.wanted)
+        self.kernel = resolve_kernel(kernel_choice()) if "rpa" in self.wanted else None
+        if switched_off := tuple(p for p in self.skipped if p in off):
             log.warning("maxtext_compat cpu-serving shim: parts switched off by %s: %s", DISABLE_ENV, switched_off)
-        log.info("maxtext_compat cpu-serving shim installed: %s", ", ".join(patch_targets))
-        if kernel is not None:
-            other = "pallas (the real kernel, interpreted)" if kernel == "xla" else "xla (its semantics in XLA)"
-            log.warning("maxtext_compat: RPA kernel on CPU: %s; %s=%s for %s", kernel, KERNEL_ENV,
-                        "pallas" if kernel == "xla" else "xla", other)  # fmt: skip
-        return _STATUS
+        return None
+
+    def specs(self) -> list[PatchSpec | Setting]:
+        return _specs(self.wanted, self.kernel)
+
+    def reason(self) -> str:
+        return "installed (JAX_PLATFORMS=cpu)"
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "parts": self.wanted,
+            "skipped": self.skipped,
+            "kernel": self.kernel,
+            "not_needed": tuple(self.absent),
+            "cpu_rpa": self.rpa_targets,
+        }
+
+    def installed_now(self, patch_set: Any) -> None:
+        if "rpa" in self.wanted:
+            from maxtext_compat.cpu import rpa as cpu_rpa
+
+            was_on = cpu_rpa.installed()
+            rpa_status = cpu_rpa.install(force=self.force_rpa)
+            self.rpa_ours = rpa_status.active and not was_on
+            self.rpa_targets = rpa_status.patches
+        log.info("maxtext_compat cpu-serving shim installed: %s", ", ".join([*patch_set.targets, *self.rpa_targets]))
+        if self.kernel is not None:
+            other = "pallas (the real kernel, interpreted)" if self.kernel == "xla" else "xla (its semantics in XLA)"
+            log.warning("maxtext_compat: RPA kernel on CPU: %s; %s=%s for %s", self.kernel, KERNEL_ENV,
+                        "pallas" if self.kernel == "xla" else "xla", other)  # fmt: skip
+
+    def removed(self) -> None:
+        if self.rpa_ours:
+            from maxtext_compat.cpu import rpa as cpu_rpa
+
+            self.rpa_ours = False
+            cpu_rpa.uninstall()
+
+
+def installed() -> bool:
+    return profiles.installed(PROFILE)
+
+
+def status() -> CpuServingStatus | None:
+    """What the last install did in this process (None when none was asked for, or it was removed since)."""
+    found = shim_status(PROFILE)
+    return None if found.reason == NOT_ASKED else _as_status(found)
+
+
+def _as_status(found: Any) -> CpuServingStatus:
+    facts = found.facts
+    return CpuServingStatus(
+        found.active,
+        found.reason,
+        tuple(facts.get("parts", ())),
+        tuple(facts.get("skipped", ())),
+        (*found.targets, *facts.get("cpu_rpa", ())),
+        facts.get("kernel"),
+        tuple(facts.get("not_needed", ())),
+    )
+
+
+def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> CpuServingStatus:
+    """Apply the CPU serving shim in this process (idempotent); a no-op unless JAX_PLATFORMS=cpu.
+
+    parts: which parts to apply (default: all but those named in MAXTEXT_COMPAT_DISABLE_CPU_SHIM).
+    force_rpa: passed to `cpu_rpa.install(force=...)` (unverified jax).
+    """
+    return _as_status(CpuServingShim(parts=parts, force_rpa=force_rpa).install())
 
 
 def uninstall() -> list[str]:
-    """Restore everything this module patched (and cpu_rpa, if this module installed it)."""
-    global _STATUS, _RPA_OURS
-    with _LOCK:
-        done: list[str] = []
-        if _RPA_OURS:
-            from maxtext_compat.shims import cpu_rpa
-
-            done.extend(cpu_rpa.uninstall())
-            _RPA_OURS = False
-        if profiles.installed(PROFILE):
-            targets = [t for t in (_STATUS.patches if _STATUS else ()) if t not in done]
-            profiles.uninstall(PROFILE)
-            done.extend(targets)
-        _STATUS = None
-        return done
+    """Restore everything this shim patched (and cpu.rpa, if this shim installed it)."""
+    found = shim_status(PROFILE)
+    if not found.active:
+        return []
+    restored = [*found.targets, *found.facts.get("cpu_rpa", ())]
+    profiles.uninstall(PROFILE)
+    return restored

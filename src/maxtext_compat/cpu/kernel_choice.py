@@ -7,21 +7,18 @@ installed, and it decides from tpu-inference's own module globals which kernel t
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.errors import InvalidArgumentError, ShimRefusedError
-from maxtext_compat.shims.patching import Original
+from maxtext_compat.errors import ShimRefusedError
+from maxtext_compat.patching import Original
+from maxtext_compat.platforms import KERNEL_ENV
 
 log = logging.getLogger(__name__)
 _MISSING = object()
 # tpu-inference releases whose v3 / head_dim-64 kernels rpa_xla was held to (tests/compat/test_rpa_xla.py).
 XLA_VERIFIED_TPU_INFERENCE: tuple[str, ...] = ("0.32.0",)
 
-# Which RPA kernel a CPU server runs: `xla` (maxtext_compat.rpa_xla) or `pallas` (the real kernel, interpreted).
-KERNEL_ENV = "MAXTEXT_COMPAT_RPA_KERNEL"
-KERNELS: tuple[str, ...] = ("xla", "pallas")
 # sharded_ragged_paged_attention reads these module globals at each call; only they are replaced, so a
 # direct call of the kernel module's function (the kernel tests) still runs the real kernel.
 ATTENTION_INTERFACE = "tpu_inference.layers.common.attention_interface"
@@ -30,22 +27,6 @@ XLA_KERNELS = {  # attention_interface global -> (the v3 kernel module it must b
     "ragged_paged_attention_hd64": (
         "tpu_inference.kernels.ragged_paged_attention.v3.kernel_hd64", "ragged_paged_attention_hd64"),
 }  # fmt: skip
-
-
-def kernel_choice(value: str | None = None) -> str | None:
-    """MAXTEXT_COMPAT_RPA_KERNEL as `xla` or `pallas`; None when unset (then `xla` where it applies)."""
-    raw = os.environ.get(KERNEL_ENV, "") if value is None else value
-    if raw == "":
-        return None
-    if raw.lower() not in KERNELS:
-        raise InvalidArgumentError(
-            f"{KERNEL_ENV} names no RPA kernel",
-            argument=KERNEL_ENV,
-            expected=f"one of {list(KERNELS)} (or unset: xla where a checked tpu-inference binds the v3 kernels)",
-            found=repr(raw),
-            fix=f"set {KERNEL_ENV}=xla (fast, the kernel's semantics in XLA) or =pallas (the real kernel, interpreted)",
-        )
-    return raw.lower()
 
 
 def _bound_kernels() -> dict[str, bool]:
@@ -99,7 +80,7 @@ def resolve_kernel(choice: str | None) -> str:
 
 def xla_kernel_factory(name: str) -> Callable[[Original], Callable[..., Any]]:
     def factory(original: Original) -> Callable[..., Any]:
-        from maxtext_compat import rpa_xla
+        from maxtext_compat.kernel import rpa_xla
 
         replacement = getattr(rpa_xla, XLA_KERNELS[name][1])
 

@@ -20,15 +20,15 @@ Rules (per process; vLLM loads its plugins in every process, sometimes twice):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
+from maxtext_compat import patching
 from maxtext_compat.contract import checked
 from maxtext_compat.errors import CompatError, InvalidArgumentError, ProfileError
-from maxtext_compat.shims import patching, traced
-from maxtext_compat.shims.patching import PatchSet, PatchSpec, Setting
+from maxtext_compat.patching import PatchSet, PatchSpec, Setting, traced
+from maxtext_compat.patching.registry import REGISTRY, Declarations, Profile, ProfileBuilder, ProfileChooser
 
 if TYPE_CHECKING:
     from maxtext_compat.resolver import Resolution
@@ -51,53 +51,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ProfileBuilder = Callable[[], Iterable[PatchSpec | Setting]]
-ProfileChooser = Callable[["Resolution"], "str | None"]
-
-
-class Declarations(Protocol):
-    """What `install(convention=...)` needs from whoever owns caller conventions (MaxText's profiles).
-
-    Why a protocol: the patching engine knows nothing of MaxText; a declaration is only a value that
-    lives as long as the profile carrying it, and may need a companion profile to reach anything."""
-
-    def check(self, value: str, argument: str) -> str: ...
-
-    def companion(self, profile: str | None) -> str | None: ...
-
-    def declare(self, value: str, source: str) -> object: ...
-
-    def forget(self, token: object) -> None: ...
-
-
-_DECLARATIONS: list[Declarations | None] = [None]
-
 
 @checked
-@dataclass(frozen=True)
-class Profile:
-    """A registered profile: its name, the builder of its PatchSpecs, what `doctor` says about it.
-
-    >>> from maxtext_compat import shims; assert shims.Profile("x", lambda: [], "none").description == "none"
-    """
-
-    name: str
-    builder: ProfileBuilder
-    description: str = ""
-
-
-_PROFILES: dict[str, Profile] = {}
-_SPECS: dict[str, tuple[PatchSpec | Setting, ...]] = {}  # builder output, built at the first install
-_INSTALLED: dict[str, PatchSet] = {}  # insertion order = install order
-_EXPLICIT: set[str] = set()  # installed by install(): stays when the last `with patched()` block leaves
-_HOLDERS: dict[str, int] = {}  # profile -> `with patched()` blocks running with it, in every thread
-_DECLARED_BY: list[tuple[str, object]] = []  # (profile carrying it, declaration) of install(convention=)
-_CHOOSER: list[ProfileChooser | None] = [None]
-_COMPANION_OF: dict[str, str] = {}  # profile -> the companion its install(convention=) installed
-
-
-@checked
-def register_profile(name: str, builder: ProfileBuilder, *, description: str = "", replace: bool = False) -> None:
+def register_profile(
+    name: str,
+    builder: ProfileBuilder,
+    *,
+    description: str = "",
+    replace: bool = False,
+    on_removed: Callable[[], None] | None = None,
+) -> None:
     """Register `builder` (returns the PatchSpecs; called at the first install after registering, its
     specs then kept for the process) under `name`; register again (replace=True) to change them.
 
@@ -121,15 +84,15 @@ def register_profile(name: str, builder: ProfileBuilder, *, description: str = "
             fix="pass a function, e.g. lambda: [PatchSpec(...)]",
         )
     with patching.LOCK:
-        if name in _PROFILES and not replace:
+        if name in REGISTRY.profiles and not replace:
             raise ProfileError(
                 f"profile {name!r} is already registered",
                 argument=name,
                 expected="a new name",
-                found=f"registered by {_qualname(_PROFILES[name].builder)}",
+                found=f"registered by {_qualname(REGISTRY.profiles[name].builder)}",
                 fix="choose another name, or register_profile(..., replace=True)",
             )
-        if name in _INSTALLED:
+        if name in REGISTRY.installed:
             raise ProfileError(
                 f"profile {name!r} is installed; it cannot be replaced while active",
                 argument=name,
@@ -137,8 +100,8 @@ def register_profile(name: str, builder: ProfileBuilder, *, description: str = "
                 found="installed",
                 fix=f"uninstall({name!r}) first",
             )
-        _PROFILES[name] = Profile(name, builder, description)
-        _SPECS.pop(name, None)
+        REGISTRY.profiles[name] = Profile(name, builder, description, on_removed)
+        REGISTRY.specs.pop(name, None)
 
 
 @checked
@@ -150,7 +113,7 @@ def unregister_profile(name: str) -> None:
     """
     with patching.LOCK:
         _get(name)
-        if name in _INSTALLED:
+        if name in REGISTRY.installed:
             raise ProfileError(
                 f"profile {name!r} is installed; it cannot be unregistered while active",
                 argument=name,
@@ -158,8 +121,10 @@ def unregister_profile(name: str) -> None:
                 found="installed",
                 fix=f"uninstall({name!r}) first",
             )
-        del _PROFILES[name]
-        _SPECS.pop(name, None)
+        del REGISTRY.profiles[name]
+        REGISTRY.specs.pop(name, None)
+        REGISTRY.shims.pop(name, None)  # the shim object that owned it, and its last status
+        REGISTRY.statuses.pop(name, None)
 
 
 def registered_profiles() -> dict[str, str]:
@@ -168,7 +133,7 @@ def registered_profiles() -> dict[str, str]:
     >>> from maxtext_compat import shims; assert "vllm-backport" in shims.registered_profiles()  # MaxText's
     """
     with patching.LOCK:
-        return {name: p.description for name, p in sorted(_PROFILES.items())}
+        return {name: p.description for name, p in sorted(REGISTRY.profiles.items())}
 
 
 @checked
@@ -190,7 +155,7 @@ def set_default_profile_chooser(chooser: ProfileChooser | None) -> ProfileChoose
             fix="pass a function of the Resolution",
         )
     with patching.LOCK:
-        previous, _CHOOSER[0] = _CHOOSER[0], chooser
+        previous, REGISTRY.chooser = REGISTRY.chooser, chooser
         return previous
 
 
@@ -199,7 +164,7 @@ def has_default_profile_chooser() -> bool:
 
     >>> from maxtext_compat import shims; assert shims.has_default_profile_chooser()  # the matrix-driven one
     """
-    return _CHOOSER[0] is not None
+    return REGISTRY.chooser is not None
 
 
 @checked
@@ -209,13 +174,13 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
     >>> import maxtext_compat; from maxtext_compat import shims
     >>> assert shims.default_profile(maxtext_compat.resolve({"maxtext": "0.1.0"})) == "vllm-backport"
     """
-    chooser = _CHOOSER[0]
+    chooser = REGISTRY.chooser
     if chooser is None:
         raise ProfileError(
             "no profile given and no default-profile chooser is set",
             argument="install(profile=None)",
             expected="a profile name, or a chooser set with set_default_profile_chooser()",
-            found=f"registered profiles {sorted(_PROFILES)}",
+            found=f"registered profiles {sorted(REGISTRY.profiles)}",
             fix="pass install(profile=...) with one of the registered profiles",
         )
     if resolution is None:
@@ -225,11 +190,11 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
         found.show(at_call_site=True)  # the user's line, past the API's argument checks
         resolution = found.resolution
     name = chooser(resolution)
-    if name is not None and name not in _PROFILES:
+    if name is not None and name not in REGISTRY.profiles:
         raise ProfileError(
             f"the default-profile chooser picked unknown profile {name!r}",
             argument=_qualname(chooser),
-            expected=f"one of {sorted(_PROFILES)} or None",
+            expected=f"one of {sorted(REGISTRY.profiles)} or None",
             found=repr(name),
             fix="register the profile before installing, or fix the chooser",
         )
@@ -256,26 +221,26 @@ def install(
     >>> patch_set = shims.install("empty"); assert shims.install("empty") is patch_set  # idempotent
     >>> assert shims.uninstall("empty") == ["empty"]; shims.unregister_profile("empty")  # patching: see PatchSpec
     """
-    decl = _DECLARATIONS[0]
+    decl = REGISTRY.declarations
     if convention is not None:
         if decl is None:
             raise ProfileError(
                 "install(convention=...) has no caller-convention owner registered",
                 argument="convention",
                 expected="MaxText's profiles registered (they own the caller convention)",
-                found=f"registered profiles {sorted(_PROFILES)}",
+                found=f"registered profiles {sorted(REGISTRY.profiles)}",
                 fix="install through maxtext_compat.shims (it registers them), or call "
                 "maxtext_compat.shims.maxtext_profiles.register() first",
             )
         decl.check(convention, "convention")  # before any patch: all or nothing
     name = profile if profile is not None else default_profile(resolution)
     companion = decl.companion(name) if convention is not None and decl is not None else None
-    if companion is not None and companion not in _PROFILES:
+    if companion is not None and companion not in REGISTRY.profiles:
         raise ProfileError(
             f"install(convention={convention!r}) needs profile {companion!r}, which is not registered",
             argument="convention",
             expected=f"profile {companion!r} registered (it puts the call rule into MaxText's own classes)",
-            found=f"registered profiles {sorted(_PROFILES)}",
+            found=f"registered profiles {sorted(REGISTRY.profiles)}",
             fix="register it again (maxtext_compat.shims.maxtext_profiles.register()), or declare the convention "
             "per module with adapters.wrap(module, convention=...)",
         )
@@ -289,7 +254,7 @@ def install(
     sets: dict[str, PatchSet] = {}
     try:
         for n in names:
-            was = n in _INSTALLED
+            was = n in REGISTRY.installed
             sets[n] = _install(n, stack)
             if not was:
                 installed_now.append(n)
@@ -298,28 +263,28 @@ def install(
             uninstall(n, force=True)
         raise
     with patching.LOCK:
-        _EXPLICIT.update(names)  # installed for good: a `with patched()` block leaving does not remove them
+        REGISTRY.explicit.update(names)  # installed for good: a `with patched()` block leaving does not remove them
     if convention is not None and decl is not None:
         # The declaration lives as long as the profile that carries the rule: the companion when one was
         # needed (without it the declaration reaches nothing), else the profile itself.
         owner = companion if companion is not None else names[0]
         token = decl.declare(convention, source=f"shims.install({name or owner!r}, convention=)")
-        _DECLARED_BY[:] = [(owner, token)]
+        REGISTRY.declared_by[:] = [(owner, token)]
         if companion is not None and name is not None and companion in installed_now:
-            _COMPANION_OF[name] = companion  # uninstalling the profile removes what it brought
+            REGISTRY.companion_of[name] = companion  # uninstalling the profile removes what it brought
     return sets[names[0]]
 
 
 def set_declarations(declarations: Declarations | None) -> Declarations | None:
     """Set who owns caller conventions for `install(convention=...)`; returns the previous owner."""
     with patching.LOCK:
-        previous, _DECLARATIONS[0] = _DECLARATIONS[0], declarations
+        previous, REGISTRY.declarations = REGISTRY.declarations, declarations
         return previous
 
 
 def _install(name: str, stack: bool) -> PatchSet:
     with patching.LOCK:
-        existing = _INSTALLED.get(name)
+        existing = REGISTRY.installed.get(name)
         prof = _get(name)
     if existing is not None:
         return existing
@@ -327,12 +292,12 @@ def _install(name: str, stack: bool) -> PatchSet:
     specs = [s for s in built if isinstance(s, PatchSpec)]
     patching.import_modules(specs)  # outside the lock: imports may run code that installs shims
     with patching.LOCK:
-        existing = _INSTALLED.get(name)
+        existing = REGISTRY.installed.get(name)
         if existing is not None:
             return existing
         settings = [s for s in built if isinstance(s, Setting)]
         patch_set = patching.apply(name, specs, stack=stack, settings=settings)
-        _INSTALLED[name] = patch_set
+        REGISTRY.installed[name] = patch_set
     traced.note_install(name, tuple(patch_set.targets))
     if log.isEnabledFor(logging.INFO):
         log.info("maxtext-compat: installed profile %r: %s", name, ", ".join(patch_set.targets) or "no targets")
@@ -351,11 +316,11 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
     """
     with patching.LOCK:
         if profile is None:
-            names = list(reversed(_INSTALLED))
+            names = list(reversed(REGISTRY.installed))
         else:
             _get(profile)
-            names = [profile] if profile in _INSTALLED else []
-        held = {n: _HOLDERS[n] for n in names if _HOLDERS.get(n)}
+            names = [profile] if profile in REGISTRY.installed else []
+        held = {n: REGISTRY.holders[n] for n in names if REGISTRY.holders.get(n)}
         if held and not force:
             raise ProfileError(
                 f"cannot uninstall {sorted(held)}: `with patched()` blocks still run with it",
@@ -367,15 +332,21 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
             )
         if not force and len(names) > 1:  # remove() checks a single profile itself
             for name in names:
-                patching.check_removable(_INSTALLED[name])
+                patching.check_removable(REGISTRY.installed[name])
+        removed_hooks = []
         for name in names:
-            patching.remove(_INSTALLED[name], force=force)
-            del _INSTALLED[name]
-            _EXPLICIT.discard(name)
+            patching.remove(REGISTRY.installed[name], force=force)
+            del REGISTRY.installed[name]
+            REGISTRY.explicit.discard(name)
             traced.note_uninstall(name)
-        if _DECLARED_BY and _DECLARED_BY[0][0] in names:
-            _forget_declaration(_DECLARED_BY.pop()[1])
-        brought = [_COMPANION_OF.pop(n) for n in names if n in _COMPANION_OF]
+            hook = REGISTRY.profiles[name].on_removed if name in REGISTRY.profiles else None
+            if hook is not None:
+                removed_hooks.append(hook)
+        if REGISTRY.declared_by and REGISTRY.declared_by[0][0] in names:
+            _forget_declaration(REGISTRY.declared_by.pop()[1])
+        brought = [REGISTRY.companion_of.pop(n) for n in names if n in REGISTRY.companion_of]
+    for hook in removed_hooks:  # outside the lock: a shim's own bookkeeping (its kernel hook, its statuses)
+        hook()
     if names:
         log.info("maxtext-compat: uninstalled profile(s) %s", names)
     for extra in brought:
@@ -387,7 +358,7 @@ def uninstall(profile: str | None = None, *, force: bool = False) -> list[str]:
 def _forget_declaration(token: object) -> None:
     """Uninstalling the profile that carries a declared caller convention removes the declaration
     (unless something declared another one since: the owner compares tokens)."""
-    decl = _DECLARATIONS[0]
+    decl = REGISTRY.declarations
     if decl is not None:
         decl.forget(token)
 
@@ -399,7 +370,7 @@ def installed(profile: str | None = None) -> bool:
     >>> from maxtext_compat import shims; assert not shims.installed("vllm-backport")  # not installed here
     """
     with patching.LOCK:
-        return bool(_INSTALLED) if profile is None else profile in _INSTALLED
+        return bool(REGISTRY.installed) if profile is None else profile in REGISTRY.installed
 
 
 def active_profiles() -> list[str]:
@@ -410,7 +381,7 @@ def active_profiles() -> list[str]:
     >>> shims.unregister_profile("empty")
     """
     with patching.LOCK:
-        return list(_INSTALLED)
+        return list(REGISTRY.installed)
 
 
 @checked
@@ -422,8 +393,8 @@ def verify(profile: str | None = None) -> dict[str, list[str]]:
     >>> shims.unregister_profile("empty")
     """
     with patching.LOCK:
-        names = list(_INSTALLED) if profile is None else [n for n in _INSTALLED if n == profile]
-        return {name: patching.drift(_INSTALLED[name]) for name in names}
+        names = list(REGISTRY.installed) if profile is None else [n for n in REGISTRY.installed if n == profile]
+        return {name: patching.drift(REGISTRY.installed[name]) for name in names}
 
 
 @contextmanager
@@ -446,7 +417,7 @@ def patched(
         yield None
         return
     with patching.LOCK:
-        _HOLDERS[name] = _HOLDERS.get(name, 0) + 1
+        REGISTRY.holders[name] = REGISTRY.holders.get(name, 0) + 1
     try:
         patch_set = _install(name, stack)
     except BaseException:
@@ -460,21 +431,21 @@ def patched(
 
 def _release(name: str, force: bool) -> None:
     with patching.LOCK:
-        _HOLDERS[name] -= 1
-        if _HOLDERS[name]:
+        REGISTRY.holders[name] -= 1
+        if REGISTRY.holders[name]:
             return
-        del _HOLDERS[name]
-        if name in _INSTALLED and name not in _EXPLICIT:
+        del REGISTRY.holders[name]
+        if name in REGISTRY.installed and name not in REGISTRY.explicit:
             uninstall(name, force=force)
 
 
 def _get(name: str) -> Profile:
-    prof = _PROFILES.get(name)
+    prof = REGISTRY.profiles.get(name)
     if prof is None:
         raise ProfileError(
             f"unknown shim profile {name!r}",
             argument=name,
-            expected=f"one of {sorted(_PROFILES)}",
+            expected=f"one of {sorted(REGISTRY.profiles)}",
             found=repr(name),
             fix="register it with register_profile(), or check the spelling",
         )
@@ -483,8 +454,8 @@ def _get(name: str) -> Profile:
 
 def _build(prof: Profile) -> tuple[PatchSpec | Setting, ...]:
     """The profile's specs, built once per registration (the profile is fixed for the process)."""
-    cached = _SPECS.get(prof.name)
-    if cached is not None and _PROFILES.get(prof.name) is prof:
+    cached = REGISTRY.specs.get(prof.name)
+    if cached is not None and REGISTRY.profiles.get(prof.name) is prof:
         return cached
     try:
         specs = tuple(prof.builder())
@@ -508,8 +479,8 @@ def _build(prof: Profile) -> tuple[PatchSpec | Setting, ...]:
             fix=f"make {_qualname(prof.builder)} return PatchSpec(...) and Setting(...) objects",
         )
     with patching.LOCK:
-        if _PROFILES.get(prof.name) is prof:
-            _SPECS[prof.name] = specs
+        if REGISTRY.profiles.get(prof.name) is prof:
+            REGISTRY.specs[prof.name] = specs
     return specs
 
 

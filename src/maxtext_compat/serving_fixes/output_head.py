@@ -20,20 +20,18 @@ precision, so there is no one answer to be equal to).
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.locks import fork_safe_lock
-from maxtext_compat.shims import profiles
-from maxtext_compat.shims.patching import Original, PatchSpec
+from maxtext_compat import names
+from maxtext_compat.patching import Original, PatchSpec, profiles
+from maxtext_compat.patching.shim import Shim
 
-PROFILE = "serving-output-head"
+PROFILE = names.SERVING_OUTPUT_HEAD
 ATTRIBUTE = "maxtext_compat_rounded_head"  # the rounded copy, an nnx.Variable on the served Transformer
 log = logging.getLogger("vllm.maxtext_compat.output_head")
-_LOCK = fork_safe_lock()
 
 
 class RoundedTable:
@@ -83,21 +81,28 @@ def _attend_factory(original: Original) -> Callable[..., Any]:
     return attend_on_embedding
 
 
-def _specs(import_root: str) -> list[PatchSpec]:
-    # The decoders bind the name at import (`from ...embeddings import attend_on_embedding`): the core sweeps
-    # the package's modules for such aliases.
-    target = f"{import_root}.layers.embeddings:attend_on_embedding"
-    return [PatchSpec(target, _attend_factory, origin=f"{__name__} (a RoundedTable is multiplied as it is)")]
+class OutputHeadShim(Shim):
+    """`attend_on_embedding` multiplies a `RoundedTable` as it is (the decoders bind the name at import, `from
+    ...embeddings import attend_on_embedding`: the engine sweeps the package's modules for such aliases)."""
+
+    name = PROFILE
+    description = "a served model's tied output head: the table rounded once"
+    verified_for = ("maxtext 0.1.0-0.2.5 (attend_on_embedding, the same line in each)",)
+
+    def __init__(self, import_root: str) -> None:
+        self.import_root = import_root
+
+    def specs(self) -> list[PatchSpec]:
+        target = f"{self.import_root}.layers.embeddings:attend_on_embedding"
+        return [PatchSpec(target, _attend_factory, origin=f"{__name__} (a RoundedTable is multiplied as it is)")]
+
+    def facts(self) -> dict[str, str]:
+        return {"import_root": self.import_root}
 
 
 def install(import_root: str) -> None:
     """Install the patch in this process (idempotent)."""
-    with _LOCK:
-        if profiles.installed(PROFILE):
-            return
-        profiles.register_profile(PROFILE, functools.partial(_specs, import_root), replace=True,
-                                  description="a served model's tied output head: the table rounded once")  # fmt: skip
-        profiles.install(PROFILE)
+    OutputHeadShim(import_root).install()
 
 
 def _value(variable: Any) -> Any:

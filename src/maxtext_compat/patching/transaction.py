@@ -12,24 +12,15 @@ from typing import Any
 
 from maxtext_compat.contract import checked
 from maxtext_compat.errors import PatchConflictError
-from maxtext_compat.shims import registry
-from maxtext_compat.shims.patching.aliases import sweep_aliases
-from maxtext_compat.shims.patching.conflicts import check_conflicts, raise_same_slot
-from maxtext_compat.shims.patching.settings import Setting, SettingSet, apply_settings, remove_settings
-from maxtext_compat.shims.patching.spec import Original, PatchSpec
-from maxtext_compat.shims.patching.state import (
-    ABSENT,
-    LOCK,
-    OURS,
-    PID,
-    Layer,
-    describe_object,
-    is_proxy,
-    label_of,
-)
-from maxtext_compat.shims.patching.targets import resolve_target
-from maxtext_compat.shims.patching.wrappers import make_wrappers
-from maxtext_compat.shims.patching.writes import Markers, Write, commit_writes, read_slot
+from maxtext_compat.patching import ledger
+from maxtext_compat.patching.aliases import sweep_aliases
+from maxtext_compat.patching.conflicts import check_conflicts, raise_same_slot
+from maxtext_compat.patching.settings import Setting, SettingSet, apply_settings, remove_settings
+from maxtext_compat.patching.spec import Original, PatchSpec
+from maxtext_compat.patching.state import ABSENT, LOCK, OURS, PID, Layer, describe_object, is_proxy, label_of
+from maxtext_compat.patching.targets import resolve_target
+from maxtext_compat.patching.wrappers import make_wrappers
+from maxtext_compat.patching.writes import Markers, Write, commit_writes, read_slot
 
 _MAX_CHAIN = 64
 
@@ -59,7 +50,7 @@ class PatchSet:
     settings: SettingSet | None = field(default=None, repr=False)
 
     @property
-    def patches(self) -> tuple[registry.ActivePatch, ...]:
+    def patches(self) -> tuple[ledger.ActivePatch, ...]:
         values = () if self.settings is None else self.settings.records
         return tuple(layer.record() for layer in self.layers) + values
 
@@ -104,7 +95,7 @@ def apply(
             raise
         for layer in layers:
             OURS[id(layer.wrapper)] = layer
-        registry.record_many([layer.record() for layer in layers])
+        ledger.record_many([layer.record() for layer in layers])
         return PatchSet(profile, PID[0], tuple(layers), values)
 
 
@@ -216,10 +207,10 @@ def remove(patch_set: PatchSet, *, force: bool = False) -> None:
             above.stacked_on = layer.stacked_on
             if above.owner is layer.owner and above.attribute == layer.attribute:
                 above.created = layer.created
-            registry.record(above.record())
+            ledger.record(above.record())
         for layer in plan.layers:
             del OURS[id(layer.wrapper)]
-        registry.forget_many([(layer.target, layer.profile) for layer in plan.layers])
+        ledger.forget_many([(layer.target, layer.profile) for layer in plan.layers])
         if patch_set.settings is not None:  # a slot holding someone else's value now is left to them
             remove_settings(patch_set.settings)
 

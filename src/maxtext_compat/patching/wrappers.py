@@ -8,8 +8,8 @@ from typing import Any
 import wrapt
 
 from maxtext_compat.errors import PatchError
-from maxtext_compat.shims.patching.spec import Original, PatchSpec
-from maxtext_compat.shims.patching.state import OURS
+from maxtext_compat.patching.spec import Original, PatchSpec
+from maxtext_compat.patching.state import OURS
 
 
 class _ShimBoundWrapper(wrapt.BoundFunctionWrapper):

@@ -5,7 +5,7 @@ and semaphore in Python: 200-400 ms per call, ~10 s per decode step of a 30-laye
 module computes what the kernel computes -- same arguments, same KV-cache layout, same writes,
 same outputs, same returned cache -- as one jitted XLA program (a scatter for the new K/V, a
 gather of every token's pages into a dense [tokens, max_kv_len] view, masked softmax), so XLA:CPU
-runs it in well under a millisecond for serving shapes. The CPU serving shim (`shims.cpu_serving`) puts
+runs it in well under a millisecond for serving shapes. The CPU serving shim (`cpu.serving`) puts
 it behind `sharded_ragged_paged_attention` unless `MAXTEXT_COMPAT_RPA_KERNEL=pallas`; the real kernel is
 what the kernel tests run, and `tests/compat/test_rpa_xla.py` holds the two together (outputs
 f32 <= 1e-6, caches equal element for element).

@@ -17,7 +17,7 @@ Rules: acts only on a CPU backend (elsewhere `install()` returns an inactive sta
 patches nothing); refuses a jax not in the matrix's `cpu_shim.verified_jax` unless forced;
 refuses to install after an interpreted kernel already ran in this process (traced code keeps
 the stock callbacks) unless `clear_caches=True`; every patch is recorded in
-`maxtext_compat.shims.registry` and `uninstall()` restores each object by identity.
+`maxtext_compat.patching.ledger` and `uninstall()` restores each object by identity.
 """
 
 from __future__ import annotations
@@ -30,23 +30,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from maxtext_compat import names
+from maxtext_compat.cpu import pallas_hbm as hbm
+from maxtext_compat.cpu import pallas_interpreter as interpreter
+from maxtext_compat.cpu import pallas_views as views
 from maxtext_compat.errors import KernelUnavailableError, ShimRefusedError
-from maxtext_compat.locks import fork_safe_lock
-from maxtext_compat.shims import pallas_interpret_hbm as hbm
-from maxtext_compat.shims import pallas_interpret_views as views
-from maxtext_compat.shims import pallas_interpreter as interpreter
-from maxtext_compat.shims.patching.settings import (
-    Setting,
-    SettingSet,
-    apply_settings,
-    attribute_slot,
-    env_slot,
-    global_slot,
-    item_slot,
-    remove_settings,
-)
+from maxtext_compat.kernel import interpret as kernel_interpret
+from maxtext_compat.kernel.interpret import on_cpu
+from maxtext_compat.patching import profiles
+from maxtext_compat.patching.settings import Setting, attribute_slot, env_slot, global_slot, item_slot
+from maxtext_compat.patching.shim import NOT_ASKED, Shim
+from maxtext_compat.patching.shim import status_of as shim_status
 
-PROFILE = "cpu-rpa"
+PROFILE = names.CPU_RPA
 KERNEL_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel"
 HD64_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel_hd64"
 INTERPRET_TARGET = "jax.config:pallas_tpu_interpret_mode_context_manager (global)"
@@ -56,7 +52,6 @@ ENV_BLOCK_SIZES = {"DECODE": "1,64,1,64", "PREFILL": "8,64,8,64", "MIXED": "8,64
 TPU_CHIP = "TPU_V6E"  # VMEM size etc. the kernel asks for; any real chip works for interpret mode
 
 log = logging.getLogger(__name__)
-_LOCK = fork_safe_lock()
 _MISSING = object()
 
 
@@ -73,9 +68,7 @@ class ShimStatus:
     patches: tuple[str, ...] = field(default_factory=tuple)
 
 
-_APPLIED: SettingSet | None = None  # what install() set, through the engine's one transaction
-_STATUS: ShimStatus | None = None
-_AFTER_UNINSTALL: tuple[Any, Any] | None = None  # the interpreter's run marker when we last uninstalled
+_AFTER_UNINSTALL: list[tuple[Any, Any] | None] = [None]  # the interpreter's run marker when we last uninstalled
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,24 +76,99 @@ _AFTER_UNINSTALL: tuple[Any, Any] | None = None  # the interpreter's run marker 
 # --------------------------------------------------------------------------------------------
 
 
+class CpuKernelShim(Shim):
+    """The settings that let the real kernel run interpreted on CPU devices, in one transaction; installed, it
+    hands the kernel dispatcher its interpret mode (`kernel.interpret`), and removed, takes it back."""
+
+    name = PROFILE
+    description = "the real RPA kernel on a CPU: Pallas TPU interpret mode, CPU block sizes, interpreter views"
+
+    def __init__(self, *, force: bool = False, clear_caches: bool = False) -> None:
+        self.force, self.clear_caches = force, clear_caches
+        self.jax_version = ""
+        self.jax_verified = False
+        self.tpu_inference_version: str | None = None
+        self.block_sizes: str | None = None
+        self.block_settings: list[Setting] = []
+
+    def applies(self) -> str | None:
+        import jax
+
+        from maxtext_compat.matrix import load_matrix
+
+        self.jax_version = jax.__version__
+        self.jax_verified = load_matrix().cpu_shim.jax_verified(self.jax_version)
+        if not on_cpu():
+            why = f"default backend is {jax.default_backend()!r}, not cpu: the kernel runs natively, nothing patched"
+            log.info("maxtext_compat cpu-rpa shim: %s", why)
+            return why
+        if not self.jax_verified and not self.force:
+            raise ShimRefusedError(
+                "the CPU RPA shim patches JAX's private Pallas TPU interpreter and was not verified on this jax",
+                argument="jax",
+                expected=f"one of {list(load_matrix().cpu_shim.verified_jax)} (matrix cpu_shim.verified_jax)",
+                found=self.jax_version,
+                fix="install a verified jax, or call install(force=True) and check the RPA tests pass",
+            )
+        _refuse_if_late(self.clear_caches)
+        self.tpu_inference_version, methods = _block_size_methods(self.force)
+        self.block_sizes, self.block_settings = _block_size_settings(methods)
+        return None
+
+    def specs(self) -> list[Setting]:
+        tpu_info = _tpu_info_setting()
+        return [
+            *views.settings(),
+            *hbm.settings(),
+            *([tpu_info] if tpu_info else []),
+            *self.block_settings,
+            _interpret_mode_setting(),
+        ]
+
+    def reason(self) -> str:
+        return "installed on the cpu backend" + (
+            "" if self.jax_verified else f" (forced on unverified jax {self.jax_version})"
+        )
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "jax": self.jax_version,
+            "jax_verified": self.jax_verified,
+            "tpu_inference": self.tpu_inference_version,
+            "block_sizes": self.block_sizes,
+        }
+
+    def installed_now(self, patch_set: Any) -> None:
+        kernel_interpret.set_interpret_mode(interpret_mode)  # what the kernel dispatcher enters on CPU devices
+
+    def removed(self) -> None:
+        if kernel_interpret.interpret_mode() is interpret_mode:
+            kernel_interpret.set_interpret_mode(None)
+        _AFTER_UNINSTALL[0] = _run_marker()
+
+
 def installed() -> bool:
     """Whether the shim is active in this process."""
-    with _LOCK:
-        return _STATUS is not None and _STATUS.active
+    return profiles.installed(PROFILE)
 
 
 def status() -> ShimStatus | None:
-    with _LOCK:
-        return _STATUS
+    """What the last install did in this process (None when none was asked for, or it was removed since)."""
+    found = shim_status(PROFILE)
+    return None if found.reason == NOT_ASKED else _as_status(found)
 
 
-def on_cpu(devices: Any = None) -> bool:
-    """Whether these devices (default: jax's default backend) are CPU devices."""
-    import jax
-
-    if devices is None:
-        return jax.default_backend() == "cpu"
-    return all(getattr(d, "platform", "") == "cpu" for d in devices)
+def _as_status(found: Any) -> ShimStatus:
+    facts = found.facts
+    return ShimStatus(
+        found.active,
+        found.reason,
+        facts.get("jax", ""),
+        bool(facts.get("jax_verified")),
+        facts.get("tpu_inference"),
+        facts.get("block_sizes"),
+        tuple(found.targets),
+    )
 
 
 def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
@@ -111,70 +179,14 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
     kernel already ran in this process, run `jax.clear_caches()` and reset the interpreter
     state instead of refusing (cached traces would keep the stock interpreter callbacks).
     """
-    global _STATUS, _APPLIED
-    with _LOCK:
-        if installed():
-            assert _STATUS is not None
-            return _STATUS
-        import jax
-
-        from maxtext_compat.matrix import load_matrix
-
-        jax_version = jax.__version__
-        verified = load_matrix().cpu_shim.jax_verified(jax_version)
-        if not on_cpu():
-            status = ShimStatus(
-                False,
-                f"default backend is {jax.default_backend()!r}, not cpu: the kernel runs natively, nothing patched",
-                jax_version,
-                verified,
-            )
-            log.info("maxtext_compat cpu-rpa shim: %s", status.reason)
-            return status
-        if not verified and not force:
-            raise ShimRefusedError(
-                "the CPU RPA shim patches JAX's private Pallas TPU interpreter and was not verified on this jax",
-                argument="jax",
-                expected=f"one of {list(load_matrix().cpu_shim.verified_jax)} (matrix cpu_shim.verified_jax)",
-                found=jax_version,
-                fix="install a verified jax, or call install(force=True) and check the RPA tests pass",
-            )
-        _refuse_if_late(clear_caches)
-        tpi_version, methods = _block_size_methods(force)
-        applied_method, block_settings = _block_size_settings(methods)
-        tpu_info = _tpu_info_setting()
-        _APPLIED = apply_settings(
-            PROFILE,
-            [
-                *views.settings(),
-                *hbm.settings(),
-                *([tpu_info] if tpu_info else []),
-                *block_settings,
-                _interpret_mode_setting(),
-            ],
-        )
-        _STATUS = ShimStatus(
-            True,
-            "installed on the cpu backend" + ("" if verified else f" (forced on unverified jax {jax_version})"),
-            jax_version,
-            verified,
-            tpi_version,
-            applied_method,
-            _APPLIED.targets,
-        )
-        return _STATUS
+    return _as_status(CpuKernelShim(force=force, clear_caches=clear_caches).install())
 
 
 def uninstall() -> list[str]:
-    """Undo every patch (by identity) and forget it in the registry; returns the targets restored."""
-    global _STATUS, _AFTER_UNINSTALL, _APPLIED
-    with _LOCK:
-        if _APPLIED is None and _STATUS is None:
-            return []
-        done = remove_settings(_APPLIED) if _APPLIED is not None else []
-        _APPLIED = _STATUS = None
-        _AFTER_UNINSTALL = _run_marker()
-        return done
+    """Undo every patch (by identity) and forget it in the ledger; returns the targets restored."""
+    if PROFILE not in profiles.registered_profiles() or not profiles.installed(PROFILE):
+        return []
+    return CpuKernelShim().uninstall()
 
 
 @contextlib.contextmanager
@@ -282,14 +294,14 @@ def late_reasons() -> list[str]:
         reasons.append("an interpreted Pallas TPU kernel failed and left its simulated memory behind")
     marker = _run_marker()
     if marker is not None:
-        last = _AFTER_UNINSTALL
+        last = _AFTER_UNINSTALL[0]
         if last is None or marker[0] is not last[0] or marker[1] != last[1]:
             reasons.append("an interpreted Pallas TPU kernel already ran in this process without the shim")
     for name in (KERNEL_MODULE, HD64_MODULE):
         mod = sys.modules.get(name)
         fn = getattr(mod, "ragged_paged_attention" if name == KERNEL_MODULE else "ragged_paged_attention_hd64", None)
         size = getattr(fn, "_cache_size", None)
-        if callable(size) and size() > 0 and _AFTER_UNINSTALL is None:
+        if callable(size) and size() > 0 and _AFTER_UNINSTALL[0] is None:
             reasons.append(f"{name} already holds compiled kernels")
     return reasons
 
@@ -305,7 +317,7 @@ def _refuse_if_late(clear_caches: bool) -> None:
             argument="install",
             expected="install() before the first trace of a Pallas TPU kernel",
             found="; ".join(reasons),
-            fix="call maxtext_compat.shims.cpu_rpa.install() first thing (e.g. in conftest.py), "
+            fix="call maxtext_compat.cpu.rpa.install() first thing (e.g. in conftest.py), "
             "or install(clear_caches=True) to run jax.clear_caches() and reset the interpreter",
         )
     import jax

@@ -8,9 +8,9 @@ validates the inputs before the kernel sees them, and makes exactly the call tha
 accepts. Asking for a feature the release lacks is a typed error naming the release and the
 first one that has it, never a silently dropped argument.
 
-On a CPU backend the kernel only runs in Pallas TPU interpret mode with
-`maxtext_compat.shims.cpu_rpa` installed; the dispatcher forces interpret mode around its
-trace and refuses (typed error) when the shim is missing.
+On a CPU backend the kernel only runs in Pallas TPU interpret mode: the dispatcher enters the interpret
+mode the CPU stand-in installed (`kernel.interpret`; `maxtext_compat.cpu.rpa.install()` sets it) around its
+trace and refuses (typed error) when none is installed.
 
 Importing this module imports neither jax nor tpu-inference; the first call does.
 """
@@ -108,7 +108,7 @@ def plan_call(row: TpuInferenceRow, values: Mapping[str, Any], *, label: str | N
             argument="compat_matrix.yaml",
             expected=f"parameters among {sorted(FILLABLE)}",
             found=unknown,
-            fix="teach maxtext_compat.rpa the new parameter",
+            fix="teach maxtext_compat.kernel.rpa the new parameter",
         )
 
     def get(name: str) -> Any:
@@ -222,9 +222,9 @@ def ragged_paged_attention(
     """
     import jax
 
+    from maxtext_compat.kernel import interpret, mesh_limits
     from maxtext_compat.paged.checks import check_kernel_inputs
     from maxtext_compat.paged.sharding import check_mesh, head_parallelism
-    from maxtext_compat.shims import cpu_rpa, rpa_mesh_limits
 
     if row is None:
         found = installed_rpa()
@@ -258,18 +258,19 @@ def ragged_paged_attention(
         "update_kv_cache": static[3], "use_causal_mask": static[4], "attention_sink": attention_sink,
     }  # fmt: skip
     check_features(row, features, label=label)
-    cpu = cpu_rpa.on_cpu(mesh.devices.flat)
-    rpa_mesh_limits.check_mesh(tp, interpret=cpu, jax_version=jax.__version__, num_kv_heads=layout.num_kv_heads)
-    if cpu and not cpu_rpa.installed():
+    cpu = interpret.on_cpu(mesh.devices.flat)
+    mesh_limits.check_mesh(tp, interpret=cpu, jax_version=jax.__version__, num_kv_heads=layout.num_kv_heads)
+    mode = interpret.interpret_mode() if cpu else None
+    if cpu and mode is None:
         raise KernelUnavailableError(
             "the RPA kernel needs the CPU shim on a CPU backend (Pallas TPU interpret mode + interpreter patch)",
             argument="mesh",
-            expected="maxtext_compat.shims.cpu_rpa.install() called before the first trace",
+            expected="maxtext_compat.cpu.rpa.install() called before the first trace",
             found=f"CPU devices, shim not installed ({label})",
-            fix="call maxtext_compat.shims.cpu_rpa.install() at start-up (tests: in conftest.py)",
+            fix="call maxtext_compat.cpu.rpa.install() at start-up (tests: in conftest.py)",
         )
     run = _compiled(entry_point(row), row, mesh, static)
-    with cpu_rpa.interpret_mode() if cpu else contextlib.nullcontext():
+    with mode() if mode is not None else contextlib.nullcontext():
         return run(q, k, v, kv_cache, kv_lens, page_indices, cu_q_lens, distribution, attention_sink)
 
 

@@ -8,9 +8,9 @@ import types
 from typing import Any
 
 from maxtext_compat.errors import PatchConflictError, PatchError
-from maxtext_compat.shims.patching.spec import Original, PatchSpec
-from maxtext_compat.shims.patching.state import MARKER, OURS, Layer, describe_object, is_proxy, label_of
-from maxtext_compat.shims.patching.writes import read_slot
+from maxtext_compat.patching.spec import Original, PatchSpec
+from maxtext_compat.patching.state import MARKER, OURS, Layer, describe_object, is_proxy, label_of
+from maxtext_compat.patching.writes import read_slot
 
 
 def _home_module(holder: Any) -> str | None:

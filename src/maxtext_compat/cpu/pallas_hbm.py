@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxtext_compat.shims.pallas_interpreter import pallas_call_module
-from maxtext_compat.shims.patching.settings import Setting, attribute_slot, item_slot
+from maxtext_compat.cpu.pallas_interpreter import pallas_call_module
+from maxtext_compat.patching.settings import Setting, attribute_slot, item_slot
 
 
 def settings() -> list[Setting]:

@@ -1,7 +1,7 @@
 """Meshes the RPA kernel cannot run with on a given jax: one table for every path that builds one.
 
 Why one table: the dispatcher (`rpa`) and a vLLM server on CPU (tpu-inference calls its kernel past
-the dispatcher; `shims.cpu_serving` builds its mesh) must refuse the same cases with the same words.
+the dispatcher; `cpu.serving` builds its mesh) must refuse the same cases with the same words.
 Each limit was measured on the kernel tests' installs; a wrong KV cache with no error, or a hang, is
 the outcome a refusal replaces.
 """

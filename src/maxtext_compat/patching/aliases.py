@@ -6,7 +6,7 @@ import sys
 import types
 from typing import Any
 
-from maxtext_compat.shims.patching.spec import Original, PatchSpec
+from maxtext_compat.patching.spec import Original, PatchSpec
 
 _OWN_PACKAGE = "maxtext_compat"
 

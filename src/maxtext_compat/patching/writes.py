@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from maxtext_compat.errors import PatchError, PatchTargetError
-from maxtext_compat.shims.patching.state import ABSENT, MARKER, label_of
+from maxtext_compat.patching.state import ABSENT, MARKER, label_of
 
 
 class Write(NamedTuple):

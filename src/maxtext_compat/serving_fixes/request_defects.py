@@ -5,7 +5,7 @@ tpu-inference 0.32.0 some request fields fail there or are silently dropped -- f
 Llama as well as MaxText (tests/compat/test_serving_conformance.py compares the two). Each such defect is a
 `known_defects` entry of the installed tpu-inference range in compat_matrix.yaml (what, upstream file and line,
 when); this module holds how each is handled, by id:
-- fixed (`FIXES`): wrappers that make the feature work (logprobs=0; per-request seeds: `shims.seeded_sampling`,
+- fixed (`FIXES`): wrappers that make the feature work (logprobs=0; per-request seeds: `serving_fixes.seeded_sampling`,
   refused where that server cannot honour them);
 - refused (`REFUSALS`): a check run where vLLM validates a request (`TpuPlatform.validate_request`, in the API
   server, before the request reaches the engine) that raises `RequestRefusedError`, which is also vLLM's
@@ -25,12 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from maxtext_compat import names
 from maxtext_compat.errors import RequestRefusedError
-from maxtext_compat.locks import fork_safe_lock
-from maxtext_compat.shims import profiles, seeded_sampling
-from maxtext_compat.shims.patching import Original, PatchSpec
+from maxtext_compat.patching import Original, PatchSpec, profiles
+from maxtext_compat.patching.shim import Shim
+from maxtext_compat.patching.shim import status_of as shim_status
+from maxtext_compat.serving_fixes import seeded_sampling
 
-PROFILE = "serving-requests"
+PROFILE = names.SERVING_REQUESTS
 DISABLE_ENV = "MAXTEXT_COMPAT_DISABLE_REQUEST_SHIM"
 VALIDATE = "tpu_inference.platforms.tpu_platform:TpuPlatform.validate_request"
 SAMPLING_METADATA = "tpu_inference.layers.jax.sample.sampling_metadata:TPUSupportedSamplingMetadata.from_input_batch"
@@ -38,7 +40,6 @@ SAMPLING_EPS = 1e-5  # vLLM's: below it a temperature means greedy
 SEED = "per-request-seed"
 
 log = logging.getLogger("vllm.maxtext_compat.serving_requests")
-_LOCK = fork_safe_lock()
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def _min_tokens(p: Any) -> Hit | None:
 
 
 REFUSALS: dict[str, Callable[[Any], Hit | None]] = {
-    SEED: _seed,  # where the matrix says refuse; fixed by shims.seeded_sampling where it says fix
+    SEED: _seed,  # where the matrix says refuse; fixed by serving_fixes.seeded_sampling where it says fix
     "sampler-ignores-penalties": _penalties,
     "sampler-ignores-token-constraints": _token_constraints,
     "min-tokens-not-enforced": _min_tokens,
@@ -259,35 +260,47 @@ def disabled() -> bool:
     return parse_flag(DISABLE_ENV, os.environ.get(DISABLE_ENV))
 
 
-def install(resolution: Any = None) -> list[str]:
-    """Apply the handling of every applicable stack defect in this process (idempotent); the ids handled."""
-    with _LOCK:
-        if profiles.installed(PROFILE):
-            return list(_INSTALLED)
+class RequestDefectsShim(Shim):
+    """The known request defects of the installed tpu-inference (its matrix row), each refused with a 400 or
+    fixed, in one patch set."""
+
+    name = PROFILE
+    description = "request features tpu-inference drops or fails on"
+
+    def __init__(self, resolution: Any = None) -> None:
+        self.version, defects = applicable(resolution)
+        self.handled = [d for d in defects if d.id in REFUSALS or d.id in FIXES]
+        self.unhandled = [d.id for d in defects if d not in self.handled]
+        self.verified_for = (f"tpu-inference {self.version} (its matrix row's known_defects)",)
+
+    def applies(self) -> str | None:
         if disabled():
             log.warning("maxtext_compat: %s is set: request defects of the stack are neither fixed nor refused",
                         DISABLE_ENV)  # fmt: skip
-            return []
-        version, defects = applicable(resolution)
-        handled = [d for d in defects if d.id in REFUSALS or d.id in FIXES]
-        if not handled:
-            return []
-        unknown = [d.id for d in defects if d not in handled]
-        if unknown:
-            log.warning("maxtext_compat: known defects with no handler here: %s", unknown)
-        profiles.register_profile(PROFILE, functools.partial(_specs, version, handled), replace=True,
-                                  description="request features tpu-inference drops or fails on")  # fmt: skip
-        profiles.install(PROFILE)
-        _INSTALLED[:] = [d.id for d in handled]
-        log.info("maxtext_compat: request defects of tpu-inference %s handled: %s", version, ", ".join(_INSTALLED))
-        return list(_INSTALLED)
+            return f"{DISABLE_ENV} is set"
+        if not self.handled:
+            return f"no known request defect of tpu-inference {self.version} to handle"
+        return None
+
+    def specs(self) -> list[PatchSpec]:
+        return _specs(self.version, self.handled)
+
+    def facts(self) -> dict[str, Any]:
+        return {"handled": [d.id for d in self.handled], "tpu_inference": self.version}
+
+    def installed_now(self, patch_set: Any) -> None:
+        if self.unhandled:
+            log.warning("maxtext_compat: known defects with no handler here: %s", self.unhandled)
+        log.info("maxtext_compat: request defects of tpu-inference %s handled: %s", self.version,
+                 ", ".join(d.id for d in self.handled))  # fmt: skip
+
+
+def install(resolution: Any = None) -> list[str]:
+    """Apply the handling of every applicable stack defect in this process (idempotent); the ids handled."""
+    status = RequestDefectsShim(resolution).install() if not profiles.installed(PROFILE) else shim_status(PROFILE)
+    return list(status.facts.get("handled", ())) if status.active else []
 
 
 def uninstall() -> None:
-    with _LOCK:
-        if profiles.installed(PROFILE):
-            profiles.uninstall(PROFILE)
-        _INSTALLED.clear()
-
-
-_INSTALLED: list[str] = []
+    if PROFILE in profiles.registered_profiles():
+        profiles.uninstall(PROFILE)

@@ -30,11 +30,11 @@ the MRO), `conflicts` (refuse foreign patches), `aliases` (the alias sweep), `wr
 (apply/remove, callables and values together), `state` (LOCK, installed layers and their descriptions).
 """
 
-from maxtext_compat.shims.patching.settings import Setting
-from maxtext_compat.shims.patching.spec import Original, PatchSpec, add_keyword_params
-from maxtext_compat.shims.patching.state import LOCK, MARKER, InstalledLayer, installed_layers, layer_of
-from maxtext_compat.shims.patching.targets import import_modules
-from maxtext_compat.shims.patching.transaction import PatchSet, apply, check_removable, drift, remove
+from maxtext_compat.patching.settings import Setting
+from maxtext_compat.patching.spec import Original, PatchSpec, add_keyword_params
+from maxtext_compat.patching.state import LOCK, MARKER, InstalledLayer, installed_layers, layer_of
+from maxtext_compat.patching.targets import import_modules
+from maxtext_compat.patching.transaction import PatchSet, apply, check_removable, drift, remove
 
 __all__ = [
     "LOCK",

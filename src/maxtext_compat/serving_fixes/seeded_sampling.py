@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from maxtext_compat.errors import ServingError
-from maxtext_compat.shims.patching import Original, PatchSpec
+from maxtext_compat.patching import Original, PatchSpec
 
 RUNNER = "tpu_inference.runner.tpu_runner"
 SAMPLE_FROM_LOGITS = f"{RUNNER}:TPUModelRunner._sample_from_logits"

@@ -14,7 +14,7 @@ from typing import Any
 import wrapt
 
 from maxtext_compat.locks import fork_safe_lock
-from maxtext_compat.shims import registry
+from maxtext_compat.patching import ledger
 
 # One lock for every check-and-swap in the process (profiles.py takes it too, re-entrantly). Like every
 # lock of the package it comes from maxtext_compat.locks, whose fork hook takes it around a fork: a
@@ -65,8 +65,8 @@ class Layer:
     def locations(self) -> list[tuple[Any, str, bool]]:
         return [(self.owner, self.attribute, self.created)] + [(m, n, False) for m, n in self.aliases]
 
-    def record(self) -> registry.ActivePatch:
-        return registry.ActivePatch(
+    def record(self) -> ledger.ActivePatch:
+        return ledger.ActivePatch(
             target=self.target,
             origin=self.origin,
             profile=self.profile,

@@ -23,9 +23,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from maxtext_compat.shims import pallas_interpreter as interpreter
-from maxtext_compat.shims.patching.settings import Setting, attribute_slot, replaced_value
-from maxtext_compat.shims.patching.state import ABSENT
+from maxtext_compat.cpu import pallas_interpreter as interpreter
+from maxtext_compat.patching.settings import Setting, attribute_slot, replaced_value
+from maxtext_compat.patching.state import ABSENT
 
 PATCHED_NAMES = interpreter.CALLBACKS
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from maxtext_compat.errors import PatchTargetError
-from maxtext_compat.shims.patching.spec import Original, PatchSpec, TargetKind, parse_target
-from maxtext_compat.shims.patching.state import describe_object, name_of
+from maxtext_compat.patching.spec import Original, PatchSpec, TargetKind, parse_target
+from maxtext_compat.patching.state import describe_object, name_of
 
 
 def import_modules(specs: Iterable[PatchSpec]) -> None:

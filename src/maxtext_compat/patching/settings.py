@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat.errors import PatchError
-from maxtext_compat.shims import registry
-from maxtext_compat.shims.patching.state import ABSENT, LOCK
+from maxtext_compat.patching import ledger
+from maxtext_compat.patching.state import ABSENT, LOCK
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Setting:
 
     slot: Slot
     value: Any
-    origin: str  # what set it, for `doctor` ("maxtext_compat.shims.cpu_rpa.cpu_block_sizes")
+    origin: str  # what set it, for `doctor` ("maxtext_compat.cpu.rpa.cpu_block_sizes")
     keep_existing: bool = False
     after_restore: Callable[[], None] | None = None  # e.g. clear a cache that saw our value
 
@@ -92,12 +92,12 @@ class SettingSet:
         return tuple(s.slot.target for s, _ in self.applied)
 
     @property
-    def records(self) -> tuple[registry.ActivePatch, ...]:
+    def records(self) -> tuple[ledger.ActivePatch, ...]:
         return tuple(_record(s, self.profile) for s, _ in self.applied)
 
 
-def _record(setting: Setting, profile: str) -> registry.ActivePatch:
-    return registry.ActivePatch(setting.slot.target, setting.origin, profile)
+def _record(setting: Setting, profile: str) -> ledger.ActivePatch:
+    return ledger.ActivePatch(setting.slot.target, setting.origin, profile)
 
 
 _ACTIVE: dict[str, tuple[str, Setting, Any]] = {}  # target -> (profile, setting, the value it replaced)
@@ -130,7 +130,7 @@ def apply_settings(profile: str, settings: Iterable[Setting]) -> SettingSet:
             raise
         for setting, before in done:
             _ACTIVE[setting.slot.target] = (profile, setting, before)
-        registry.record_many([_record(s, profile) for s, _ in done])
+        ledger.record_many([_record(s, profile) for s, _ in done])
         return SettingSet(profile, tuple(done))
 
 
@@ -146,7 +146,7 @@ def remove_settings(applied: SettingSet) -> list[str]:
             if setting.after_restore is not None:
                 setting.after_restore()
             _ACTIVE.pop(slot.target, None)
-        registry.forget_many([(s.slot.target, applied.profile) for s, _ in applied.applied])
+        ledger.forget_many([(s.slot.target, applied.profile) for s, _ in applied.applied])
     return restored
 
 

@@ -1,0 +1,169 @@
+"""One lifecycle for every patch set, after OpenTelemetry's `BaseInstrumentor`.
+
+Why a base class: each patch set of the package (MaxText's profiles, the backport's hooks, the CPU stand-ins, the
+serving stack's fixes) had its own lock, status global and registration, and `shims.uninstall()` could not see all
+of them. A subclass says what it patches (`specs`), when it applies (`applies`), what it verified (`verified_for`)
+and what it chose (`facts`); installing, removing and reporting are written here once, through the profile engine's
+one transaction, and every shim's state lives in the engine's one registry (`profiles.REGISTRY`). A shim removed by
+anyone (`shims.uninstall()` included) hears it through `removed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from maxtext_compat.locks import fork_safe_lock
+from maxtext_compat.patching import profiles
+from maxtext_compat.patching.registry import REGISTRY
+from maxtext_compat.patching.settings import Setting
+from maxtext_compat.patching.spec import PatchSpec
+from maxtext_compat.patching.state import LOCK
+from maxtext_compat.patching.transaction import PatchSet
+
+# Serializes whole shim installs and removals (a shim's checks, its registration and its transaction belong
+# together); the engine's LOCK guards the state inside. Made by maxtext_compat.locks: taken around fork.
+LIFECYCLE = fork_safe_lock()
+NOT_ASKED = "not installed in this process"  # the status of a shim nobody asked for (or removed since)
+
+
+@dataclass(frozen=True)
+class ShimStatus:
+    """What a shim did in this process, or why it did nothing: the one shape `doctor` lists for every shim."""
+
+    name: str
+    active: bool
+    reason: str
+    targets: tuple[str, ...] = ()
+    verified_for: tuple[str, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "active": self.active,
+            "reason": self.reason,
+            "targets": list(self.targets),
+            "verified_for": list(self.verified_for),
+            **({"facts": dict(self.facts)} if self.facts else {}),
+        }
+
+
+class Shim:
+    """A named patch set with one lifecycle. Subclasses write `specs()` and, where they need them, `applies()`,
+    `facts()`, `installed_now()` and `removed()`; `install()`, `uninstall()` and `status()` are written here."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    verified_for: tuple[str, ...] = ()  # what the patched code was verified on, e.g. "tpu-inference 0.32.0"
+
+    # ------------------------------------------------------------------ what a subclass says
+
+    def applies(self) -> str | None:
+        """None when the shim applies in this process; else why it does not (nothing is installed then)."""
+        return None
+
+    def specs(self) -> Iterable[PatchSpec | Setting]:
+        raise NotImplementedError
+
+    def facts(self) -> Mapping[str, Any]:
+        """What this shim chose (parts, a kernel, the defects it handles), for its status."""
+        return {}
+
+    def reason(self) -> str:
+        """What an installed shim's status says it did."""
+        return "installed"
+
+    def installed_now(self, patch_set: PatchSet) -> None:
+        """Runs once the transaction is in; raising removes the shim again (all or nothing)."""
+
+    def removed(self) -> None:
+        """Runs after the shim's patches are gone, whoever removed them."""
+
+    # ------------------------------------------------------------------ written once
+
+    def install(self) -> ShimStatus:
+        """Install this shim in this process, all of it or nothing; idempotent (an installed shim of the same
+        name answers with its status)."""
+        with LIFECYCLE:
+            if profiles.installed(self.name):
+                return status_of(self.name)
+            why = self.applies()
+            if why is not None:
+                return self._record(ShimStatus(self.name, False, why, (), self.verified_for, dict(self.facts())))
+            register(self)
+            patch_set = profiles.install(self.name)
+            assert patch_set is not None  # a named profile always installs
+            try:
+                self.installed_now(patch_set)
+            except BaseException:
+                profiles.uninstall(self.name, force=True)
+                raise
+            facts = dict(self.facts())
+            return self._record(
+                ShimStatus(self.name, True, self.reason(), tuple(patch_set.targets), self.verified_for, facts)
+            )
+
+    def uninstall(self) -> list[str]:
+        """Remove this shim's patches (a no-op when it is not installed); the targets restored."""
+        with LIFECYCLE:
+            with LOCK:
+                patch_set = REGISTRY.installed.get(self.name)
+            targets = list(patch_set.targets) if patch_set is not None else []
+            if self.name in profiles.registered_profiles():
+                profiles.uninstall(self.name)
+            return targets
+
+    def status(self) -> ShimStatus:
+        return status_of(self.name)
+
+    def _record(self, st: ShimStatus) -> ShimStatus:
+        with LOCK:
+            REGISTRY.statuses[self.name] = st
+        return st
+
+    def _on_removed(self) -> None:
+        with LOCK:
+            REGISTRY.statuses.pop(self.name, None)
+        self.removed()
+
+
+def register(shim: Shim) -> None:
+    """List `shim` under its name without installing it: installable by name through the profile API too
+    (`shims.install(name)`), and listed by `doctor` beside the others."""
+    with LIFECYCLE:
+        profiles.register_profile(
+            shim.name, shim.specs, description=shim.description, replace=True, on_removed=shim._on_removed
+        )
+        with LOCK:
+            REGISTRY.shims[shim.name] = shim
+
+
+def registered() -> dict[str, Shim]:
+    """Every shim object registered or installed in this process, by name."""
+    with LOCK:
+        return dict(REGISTRY.shims)
+
+
+def status_of(name: str) -> ShimStatus:
+    """The status of shim `name`: installed, not applying here (with why), or never asked for."""
+    with LOCK:
+        found = REGISTRY.statuses.get(name)
+        patch_set = REGISTRY.installed.get(name)
+        owner = REGISTRY.shims.get(name)
+    active = patch_set is not None
+    if found is not None and found.active == active:
+        return found
+    verified = owner.verified_for if owner is not None else ()
+    if active:
+        assert patch_set is not None
+        return ShimStatus(name, True, "installed", tuple(patch_set.targets), verified)
+    return ShimStatus(name, False, NOT_ASKED, (), verified)
+
+
+def statuses() -> list[ShimStatus]:
+    """Every shim of this process: registered, installed or asked for (with why it did nothing), by name."""
+    with LOCK:
+        names = {*REGISTRY.shims, *REGISTRY.statuses, *REGISTRY.installed}
+    return [status_of(n) for n in sorted(names)]

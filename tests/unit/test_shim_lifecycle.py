@@ -1,0 +1,145 @@
+"""One shim lifecycle (patching.shim): a subclass writes what it patches and when it applies; install, uninstall
+and status are the base's, all or nothing, and a shim removed by anyone (`shims.uninstall()` too) hears it.
+
+Each test patches a throwaway module and reads its namespace back by identity (the oracle is the module's own
+`__dict__`, not the engine's ledger)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from helpers.fake_modules import make_module
+from maxtext_compat import shims
+from maxtext_compat.errors import ShimRefusedError
+from maxtext_compat.patching import PatchSpec, profiles, shim
+from maxtext_compat.patching.ledger import active_patches
+from maxtext_compat.patching.settings import Setting, attribute_slot
+
+pytestmark = pytest.mark.envs("unit")
+
+SOURCE = "def greet(name):\n    return 'hello ' + name\n\nclass Box:\n    size = 1\n"
+
+
+def _louder(original: object) -> object:
+    return lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs).upper()
+
+
+class Louder(shim.Shim):
+    """Uppercases `greet` and sets `Box.size`; records what the base told it."""
+
+    description = "a test shim"
+    verified_for = ("a throwaway module",)
+
+    def __init__(self, module: str, *, why_not: str | None = None, fail_after: bool = False) -> None:
+        self.module, self.why_not, self.fail_after = module, why_not, fail_after
+        self.calls: list[str] = []
+
+    @property
+    def name(self) -> str:  # type: ignore[override]  # one name per test module
+        return f"louder-{self.module}"
+
+    def applies(self) -> str | None:
+        return self.why_not
+
+    def specs(self) -> list[PatchSpec | Setting]:
+        box = __import__(self.module).Box
+        return [PatchSpec(f"{self.module}:greet", _louder), Setting(attribute_slot(box, "size"), 9, origin="test")]
+
+    def facts(self) -> dict[str, int]:
+        return {"size": 9}
+
+    def installed_now(self, patch_set: object) -> None:
+        self.calls.append("installed_now")
+        if self.fail_after:
+            raise RuntimeError("the shim's own step after the transaction failed")
+
+    def removed(self) -> None:
+        self.calls.append("removed")
+
+
+@pytest.fixture
+def module() -> Iterator[object]:
+    name = f"shimlife_{uuid.uuid4().hex[:8]}"
+    mod = make_module(name, SOURCE)
+    before = dict(vars(mod)), dict(vars(mod.Box))
+    yield mod
+    assert dict(vars(mod)) == before[0] and dict(vars(mod.Box)) == before[1]  # every test leaves it as found
+    import sys
+
+    del sys.modules[name]
+
+
+def _original(mod: object) -> tuple[object, object]:
+    return vars(mod)["greet"], vars(mod.Box)["size"]  # type: ignore[index]
+
+
+def test_install_is_all_of_it_idempotent_and_uninstall_restores_by_identity(module) -> None:
+    greet, size = _original(module)
+    s = Louder(module.__name__)
+    st = s.install()
+    assert st.active and st.name == s.name and st.reason == "installed" and st.facts == {"size": 9}
+    assert module.greet("x") == "HELLO X" and module.Box.size == 9
+    assert set(st.targets) >= {f"{module.__name__}:greet"} and st.verified_for == ("a throwaway module",)
+    assert s.install() == st and shim.status_of(s.name) == st  # idempotent: the same status, nothing twice
+    assert {p.target for p in active_patches() if p.profile == s.name} >= {f"{module.__name__}:greet"}
+    assert s.uninstall() == list(st.targets)
+    assert vars(module)["greet"] is greet and vars(module.Box)["size"] is size
+    assert s.calls == ["installed_now", "removed"] and not profiles.installed(s.name)
+    assert shim.status_of(s.name).reason == shim.NOT_ASKED
+
+
+def test_shims_uninstall_removes_a_shim_and_tells_it(module) -> None:
+    greet, size = _original(module)
+    s = Louder(module.__name__)
+    s.install()
+    assert s.name in shims.uninstall()
+    assert vars(module)["greet"] is greet and vars(module.Box)["size"] is size
+    assert s.calls == ["installed_now", "removed"]
+    assert s.name not in {st.name for st in shim.statuses() if st.active}
+
+
+def test_a_shim_that_does_not_apply_patches_nothing_and_says_why(module) -> None:
+    greet, _ = _original(module)
+    st = Louder(module.__name__, why_not="not on this platform").install()
+    assert not st.active and st.reason == "not on this platform" and st.targets == ()
+    assert vars(module)["greet"] is greet and not profiles.installed(st.name)
+    assert shim.status_of(st.name) == st
+
+
+def test_a_failure_after_the_transaction_leaves_nothing_patched(module) -> None:
+    greet, size = _original(module)
+    s = Louder(module.__name__, fail_after=True)
+    with pytest.raises(RuntimeError, match="after the transaction"):
+        s.install()
+    assert vars(module)["greet"] is greet and vars(module.Box)["size"] is size
+    assert not profiles.installed(s.name) and s.calls == ["installed_now", "removed"]
+
+
+def test_a_refusal_from_applies_is_typed_and_patches_nothing(module) -> None:
+    greet, _ = _original(module)
+
+    class Refusing(Louder):
+        def applies(self) -> str | None:
+            raise ShimRefusedError("refused", argument="jax", expected="a verified jax", found="0.0", fix="install one")
+
+    with pytest.raises(ShimRefusedError, match="refused"):
+        Refusing(module.__name__).install()
+    assert vars(module)["greet"] is greet
+
+
+def test_a_registered_shim_installs_by_name_and_is_listed_before_it_is_installed(module) -> None:
+    s = Louder(module.__name__)
+    shim.register(s)
+    try:
+        listed = {st.name: st for st in shim.statuses()}
+        assert not listed[s.name].active and listed[s.name].verified_for == ("a throwaway module",)
+        assert shims.registered_profiles()[s.name] == "a test shim"
+        shims.install(s.name)  # the profile API reaches the same shim
+        assert module.greet("x") == "HELLO X" and shim.status_of(s.name).active
+        shims.uninstall(s.name)
+        assert s.calls == ["removed"]  # installed through the profile API: only the removal is the shim's step
+    finally:
+        shims.unregister_profile(s.name)
