@@ -83,7 +83,7 @@ def test_install_is_idempotent_and_recorded():
     assert set(first.patches) == recorded
     assert {views.target("get"), cpu_rpa.INTERPRET_TARGET, f"{V3_KERNEL}:{function}"} <= recorded
     assert (cpu_rpa.tpu_info_target() in recorded) is (cpu_rpa.tpu_info_module() is not None)
-    assert all(p.origin.startswith("maxtext_compat.shims.") for p in _ours())
+    assert all(p.origin.startswith("maxtext_compat.cpu.") for p in _ours())
     assert views.applied()
 
 
@@ -194,7 +194,7 @@ def test_dispatcher_refuses_on_cpu_without_the_shim():
     cpu_rpa.uninstall()
     with pytest.raises(KernelUnavailableError, match="CPU shim") as info:
         rpa.ragged_paged_attention(q, k, k, jnp.zeros(layout.shape), md, mesh=paged.make_mesh(1))
-    assert "cpu_rpa.install()" in info.value.fix
+    assert "maxtext_compat.cpu.rpa.install()" in info.value.fix
 
 
 @pytest.mark.parametrize(("page_size", "tokens", "pages_per_seq"), [(16, 32, 4), (8, 1, 1), (32, 256, 16), (16, 7, 2)])

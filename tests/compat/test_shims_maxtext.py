@@ -39,8 +39,8 @@ def clean():
     shims.uninstall()
 
 
-@pytest.fixture(scope="module")
-def kernel_shim():
+@pytest.fixture
+def kernel_shim():  # per test: `clean` (autouse, so first) removes every shim, the CPU kernel stand-in too
     if not KERNEL:
         return None
     from maxtext_compat.cpu import rpa as cpu_rpa

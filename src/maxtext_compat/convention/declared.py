@@ -183,7 +183,7 @@ def for_call(row: MaxTextRow, module_value: str | None = None, row_default: Decl
 
 
 # Frames of the call machinery between the caller and the module: skipped when looking for the caller.
-_MACHINERY = ("maxtext_compat.adapters", "maxtext_compat.shims", "maxtext_compat.convention")
+_MACHINERY = ("maxtext_compat.adapters", "maxtext_compat.shims", "maxtext_compat.patching", "maxtext_compat.convention")
 _PLUMBING = ("flax", "jax", "jaxlib", "wrapt", "contextlib", "functools")
 _MAXTEXT = ("MaxText", "maxtext")
 

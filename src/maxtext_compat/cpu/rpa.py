@@ -27,7 +27,6 @@ import importlib
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat import names
@@ -39,7 +38,7 @@ from maxtext_compat.kernel import interpret as kernel_interpret
 from maxtext_compat.kernel.interpret import on_cpu
 from maxtext_compat.patching import profiles
 from maxtext_compat.patching.settings import Setting, attribute_slot, env_slot, global_slot, item_slot
-from maxtext_compat.patching.shim import NOT_ASKED, Shim
+from maxtext_compat.patching.shim import NOT_ASKED, Shim, ShimStatus
 from maxtext_compat.patching.shim import status_of as shim_status
 
 PROFILE = names.CPU_RPA
@@ -53,19 +52,6 @@ TPU_CHIP = "TPU_V6E"  # VMEM size etc. the kernel asks for; any real chip works 
 
 log = logging.getLogger(__name__)
 _MISSING = object()
-
-
-@dataclass(frozen=True)
-class ShimStatus:
-    """What `install()` did (or why it did nothing)."""
-
-    active: bool
-    reason: str
-    jax_version: str
-    jax_verified: bool
-    tpu_inference_version: str | None = None
-    block_sizes: str | None = None  # "function" | "env" | "tuned" | None
-    patches: tuple[str, ...] = field(default_factory=tuple)
 
 
 _AFTER_UNINSTALL: list[tuple[Any, Any] | None] = [None]  # the interpreter's run marker when we last uninstalled
@@ -90,6 +76,7 @@ class CpuKernelShim(Shim):
         self.tpu_inference_version: str | None = None
         self.block_sizes: str | None = None
         self.block_settings: list[Setting] = []
+        self.patches: tuple[str, ...] = ()
 
     def applies(self) -> str | None:
         import jax
@@ -132,13 +119,15 @@ class CpuKernelShim(Shim):
 
     def facts(self) -> dict[str, Any]:
         return {
-            "jax": self.jax_version,
+            "jax_version": self.jax_version,
             "jax_verified": self.jax_verified,
-            "tpu_inference": self.tpu_inference_version,
-            "block_sizes": self.block_sizes,
+            "tpu_inference_version": self.tpu_inference_version,
+            "block_sizes": self.block_sizes,  # "function" | "env" | "tuned" | None
+            "patches": self.patches,
         }
 
     def installed_now(self, patch_set: Any) -> None:
+        self.patches = tuple(patch_set.targets)
         kernel_interpret.set_interpret_mode(interpret_mode)  # what the kernel dispatcher enters on CPU devices
 
     def removed(self) -> None:
@@ -155,20 +144,7 @@ def installed() -> bool:
 def status() -> ShimStatus | None:
     """What the last install did in this process (None when none was asked for, or it was removed since)."""
     found = shim_status(PROFILE)
-    return None if found.reason == NOT_ASKED else _as_status(found)
-
-
-def _as_status(found: Any) -> ShimStatus:
-    facts = found.facts
-    return ShimStatus(
-        found.active,
-        found.reason,
-        facts.get("jax", ""),
-        bool(facts.get("jax_verified")),
-        facts.get("tpu_inference"),
-        facts.get("block_sizes"),
-        tuple(found.targets),
-    )
+    return None if found.reason == NOT_ASKED else found
 
 
 def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
@@ -179,7 +155,7 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
     kernel already ran in this process, run `jax.clear_caches()` and reset the interpreter
     state instead of refusing (cached traces would keep the stock interpreter callbacks).
     """
-    return _as_status(CpuKernelShim(force=force, clear_caches=clear_caches).install())
+    return CpuKernelShim(force=force, clear_caches=clear_caches).install()
 
 
 def uninstall() -> list[str]:

@@ -33,7 +33,6 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from maxtext_compat import names
@@ -42,7 +41,7 @@ from maxtext_compat.errors import InvalidArgumentError, ServingConfigError
 from maxtext_compat.kernel import mesh_limits
 from maxtext_compat.patching import Original, PatchSpec, profiles
 from maxtext_compat.patching.settings import Setting, attribute_slot
-from maxtext_compat.patching.shim import NOT_ASKED, Shim
+from maxtext_compat.patching.shim import NOT_ASKED, Shim, ShimStatus
 from maxtext_compat.patching.shim import status_of as shim_status
 from maxtext_compat.platforms import (
     DISABLE_ENV,
@@ -65,19 +64,6 @@ TOPOLOGY = "tpu_inference.distributed.utils:get_device_topology_order_id"  # the
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CpuServingStatus:
-    """What `install()` did, or why it did nothing."""
-
-    active: bool
-    reason: str
-    parts: tuple[str, ...] = ()
-    skipped: tuple[str, ...] = ()
-    patches: tuple[str, ...] = field(default_factory=tuple)
-    kernel: str | None = None  # "xla" | "pallas" when the rpa part is on
-    not_needed: tuple[str, ...] = ()  # parts the installed tpu-inference has no step for (in `skipped` too)
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,6 +300,7 @@ class CpuServingShim(Shim):
         self.absent: dict[str, str] = {}
         self.kernel: str | None = None
         self.rpa_targets: tuple[str, ...] = ()
+        self.targets: tuple[str, ...] = ()
         self.rpa_ours = False  # whether this shim installed cpu.rpa (and so removes it)
 
     def applies(self) -> str | None:
@@ -354,12 +341,13 @@ class CpuServingShim(Shim):
         return {
             "parts": self.wanted,
             "skipped": self.skipped,
-            "kernel": self.kernel,
-            "not_needed": tuple(self.absent),
-            "cpu_rpa": self.rpa_targets,
+            "patches": (*self.targets, *self.rpa_targets),  # its own targets and those of cpu.rpa it installed
+            "kernel": self.kernel,  # "xla" | "pallas" when the rpa part is on
+            "not_needed": tuple(self.absent),  # parts the installed tpu-inference has no step for (in skipped too)
         }
 
     def installed_now(self, patch_set: Any) -> None:
+        self.targets = tuple(patch_set.targets)
         if "rpa" in self.wanted:
             from maxtext_compat.cpu import rpa as cpu_rpa
 
@@ -385,32 +373,19 @@ def installed() -> bool:
     return profiles.installed(PROFILE)
 
 
-def status() -> CpuServingStatus | None:
+def status() -> ShimStatus | None:
     """What the last install did in this process (None when none was asked for, or it was removed since)."""
     found = shim_status(PROFILE)
-    return None if found.reason == NOT_ASKED else _as_status(found)
+    return None if found.reason == NOT_ASKED else found
 
 
-def _as_status(found: Any) -> CpuServingStatus:
-    facts = found.facts
-    return CpuServingStatus(
-        found.active,
-        found.reason,
-        tuple(facts.get("parts", ())),
-        tuple(facts.get("skipped", ())),
-        (*found.targets, *facts.get("cpu_rpa", ())),
-        facts.get("kernel"),
-        tuple(facts.get("not_needed", ())),
-    )
-
-
-def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> CpuServingStatus:
+def install(*, parts: Iterable[str] | None = None, force_rpa: bool = False) -> ShimStatus:
     """Apply the CPU serving shim in this process (idempotent); a no-op unless JAX_PLATFORMS=cpu.
 
     parts: which parts to apply (default: all but those named in MAXTEXT_COMPAT_DISABLE_CPU_SHIM).
     force_rpa: passed to `cpu_rpa.install(force=...)` (unverified jax).
     """
-    return _as_status(CpuServingShim(parts=parts, force_rpa=force_rpa).install())
+    return CpuServingShim(parts=parts, force_rpa=force_rpa).install()
 
 
 def uninstall() -> list[str]:
@@ -418,6 +393,6 @@ def uninstall() -> list[str]:
     found = shim_status(PROFILE)
     if not found.active:
         return []
-    restored = [*found.targets, *found.facts.get("cpu_rpa", ())]
+    restored = list(found.facts.get("patches", found.targets))
     profiles.uninstall(PROFILE)
     return restored

@@ -39,6 +39,13 @@ class ShimStatus:
     verified_for: tuple[str, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
 
+    def __getattr__(self, name: str) -> Any:
+        """A fact by name (`status.kernel`, `status.parts`): what the shim chose reads like a field."""
+        facts = self.__dict__.get("facts")
+        if facts is not None and name in facts:
+            return facts[name]
+        raise AttributeError(f"the status of shim {self.__dict__.get('name')!r} has no field or fact {name!r}")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
