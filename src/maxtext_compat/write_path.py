@@ -31,11 +31,11 @@ from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.installed_kernel import installed_rpa
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.paged.checks import is_concrete
-from maxtext_compat.paged.guard import check_new_call as check_writes
+from maxtext_compat.paged.guard import check_writes_described
 from maxtext_compat.paged.layout import dtype_name, layout_for
 from maxtext_compat.paged.metadata import RaggedMetadata, is_metadata, metadata_arrays
+from maxtext_compat.paged.sharding import maxtext_head_parallelism
 
-HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")  # mesh axes that shard attention heads
 ALLOCATE = "allocate them from one KVCacheLayout: maxtext_compat.paged.KVCacheLayout(...).allocate(num_layers)"
 
 
@@ -86,7 +86,7 @@ def check_layouts(module: Any, arrays: list[tuple[int, Any]], name: str, where: 
         hd64_kernel = installed_rpa().row.rpa.call_form == "flat"  # the hd64 kernel came with the flat entry point
     except KernelUnavailableError:
         return  # no kernel: the release's path refuses the call itself
-    tp = _head_parallelism(getattr(module, "mesh", None))
+    tp = maxtext_head_parallelism(getattr(module, "mesh", None))
     for i, cache in arrays:
         argument = f"{name}[{i}]" if per_layer else name
         if len(cache.shape) != 5:
@@ -103,18 +103,10 @@ def check_layouts(module: Any, arrays: list[tuple[int, Any]], name: str, where: 
         layout.check_cache(cache, argument=argument)
 
 
-def _head_parallelism(mesh: Any) -> int:
-    shape = dict(getattr(mesh, "shape", {}) or {})
-    tp = 1
-    for axis in HEAD_AXES:
-        tp *= int(shape.get(axis, 1))
-    return tp
-
-
 def check_metadata_form(metadata: Any, where: str) -> None:
     """With array caches, the metadata is ours or tpu-inference's with its four arrays (not Python lists)."""
     if isinstance(metadata, Mapping):
-        return  # the per-layer dict: each entry is checked by check_kv_writes
+        return  # the per-layer dict: each entry is checked by check_writes_described
     if not is_metadata(metadata):
         raise InvalidArgumentTypeError(
             f"{where}: attention_metadata must carry the kernel's four arrays",
@@ -163,9 +155,9 @@ def check_kv_writes(kind: Kind, t: Translated, where: str) -> None:
     positions = t.kwargs.get("inputs_positions", t.kwargs.get("decoder_positions"))
     if isinstance(t.metadata, Mapping):  # per-layer metadata (checked complete by translate.per_layer_metadata)
         for layer, cache in enumerate(caches):
-            check_writes([cache], layer_entry(t.metadata, layer), positions, f"{where} (layer {layer})")
+            check_writes_described([cache], layer_entry(t.metadata, layer), positions, f"{where} (layer {layer})")
         return
-    check_writes(caches, t.metadata, positions, where)
+    check_writes_described(caches, t.metadata, positions, where)
 
 
 def same_metadata(a: Any, b: Any) -> bool:

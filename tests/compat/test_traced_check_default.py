@@ -16,7 +16,7 @@ pytestmark = pytest.mark.needs_tpu_inference  # maxtext_compat.paged's metadata 
 
 
 def _callbacks_traced(backend: str, setting: str | None) -> int:
-    """How many host callbacks check_new_call puts into a jitted step on `backend` with the setting."""
+    """How many host callbacks check_writes_described puts into a jitted step on `backend` with the setting."""
     import jax
     import jax.numpy as jnp
 
@@ -31,7 +31,7 @@ def _callbacks_traced(backend: str, setting: str | None) -> int:
 
     def step(cache, positions, *metadata_values):
         metadata = type("TracedMetadata", (), dict(zip(names, metadata_values, strict=True)))()
-        guard.check_new_call([cache], metadata, positions, "test")
+        guard.check_writes_described([cache], metadata, positions, "test")
         return cache
 
     env = {k: v for k, v in os.environ.items() if k != guard.TRACED_CHECKS_ENV}

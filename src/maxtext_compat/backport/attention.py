@@ -14,19 +14,14 @@ from typing import Any
 from maxtext_compat.backport.session import KVSession
 from maxtext_compat.errors import BackportError
 from maxtext_compat.kernel import rpa
-from maxtext_compat.paged.sharding import make_mesh
-
-HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")
+from maxtext_compat.paged.sharding import MAXTEXT_HEAD_AXES, make_mesh, maxtext_head_parallelism
 
 
 def rpa_mesh_for(mesh: Any) -> Any:
     """tpu-inference's ('data', 'model') mesh over the devices of a MaxText mesh (tensor parallel only)."""
-    shape = dict(mesh.shape)
-    tp = 1
-    for axis in HEAD_AXES:
-        tp *= int(shape.get(axis, 1))
+    tp = maxtext_head_parallelism(mesh)
     if tp != mesh.devices.size:
-        other = {a: n for a, n in shape.items() if n > 1 and a not in HEAD_AXES}
+        other = {a: n for a, n in dict(mesh.shape).items() if n > 1 and a not in MAXTEXT_HEAD_AXES}
         raise BackportError(
             "the backported vLLM path supports tensor parallelism only",
             argument="mesh",

@@ -21,6 +21,7 @@ from maxtext_compat.backport.session import current
 from maxtext_compat.errors import BackportError
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.patching import PatchSpec, profiles
+from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.shim import Shim
 
 PROFILE = names.BACKPORT_HOOKS
@@ -124,7 +125,10 @@ class BackportHooksShim(Shim):
 
 
 def ensure_installed(row: MaxTextRow) -> None:
-    """Install the hooks for `row` (idempotent, all or nothing)."""
-    if profiles.installed(PROFILE) or profiles.installed(FULL_PROFILE):  # the full shim includes these hooks
+    """Install the hooks for `row` (idempotent, all or nothing). Asked by every backport call, so the answer for an
+    installed shim is two dict lookups without the engine's lock (a dict read is atomic under the GIL; the
+    install itself takes the lock and decides again)."""
+    installed = REGISTRY.installed
+    if PROFILE in installed or FULL_PROFILE in installed:  # the full shim includes these hooks
         return
     BackportHooksShim(row).install()

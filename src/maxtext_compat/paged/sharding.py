@@ -61,10 +61,25 @@ def check_mesh(mesh: Mesh, *, argument: str = "mesh") -> None:
 def head_parallelism(mesh: Mesh) -> int:
     """How many ways KV heads are split: the product of the mesh's head axes."""
     _, head = axis_names()
+    return axes_product(mesh, _as_tuple(head))
+
+
+# A MaxText mesh's axes that shard attention heads (its ici_tensor_* parallelisms and the vLLM path's 'model').
+MAXTEXT_HEAD_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "model")
+
+
+def axes_product(mesh: Any, axes: tuple[str, ...]) -> int:
+    """How many ways `axes` of `mesh` split what they shard (an axis the mesh lacks counts 1)."""
+    shape = dict(getattr(mesh, "shape", {}) or {})
     n = 1
-    for a in _as_tuple(head):
-        n *= int(mesh.shape.get(a, 1))
+    for axis in axes:
+        n *= int(shape.get(axis, 1))
     return n
+
+
+def maxtext_head_parallelism(mesh: Any) -> int:
+    """How many ways a MaxText mesh splits attention heads."""
+    return axes_product(mesh, MAXTEXT_HEAD_AXES)
 
 
 def kv_cache_spec() -> Any:

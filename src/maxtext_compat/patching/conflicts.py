@@ -8,8 +8,9 @@ import types
 from typing import Any
 
 from maxtext_compat.errors import PatchConflictError, PatchError
+from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.spec import Original, PatchSpec
-from maxtext_compat.patching.state import MARKER, OURS, Layer, describe_object, is_proxy, label_of
+from maxtext_compat.patching.state import MARKER, Layer, describe_object, is_proxy, label_of
 from maxtext_compat.patching.writes import read_slot
 
 
@@ -30,7 +31,7 @@ def _foreign(original: Original) -> str | None:
     Not detectable: wrappers that copy `__module__` with functools.wraps (like Flax's own).
     """
     raw = original.raw
-    layer = OURS.get(id(raw))
+    layer = REGISTRY.layers.get(id(raw))
     if layer is not None and layer.wrapper is raw:
         return None
     fn: Any = original.function

@@ -8,17 +8,14 @@ is keyed by (target, profile), and records keep install order within a target.
 
 from __future__ import annotations
 
-import itertools
 import os
 from dataclasses import dataclass, field
 
 from maxtext_compat.contract import checked
 from maxtext_compat.locks import fork_safe_lock
+from maxtext_compat.patching.registry import REGISTRY
 
 _LOCK = fork_safe_lock()
-_ACTIVE: dict[tuple[str, str], ActivePatch] = {}
-_ORDER: dict[tuple[str, str], int] = {}
-_COUNTER = itertools.count()
 
 
 @checked
@@ -64,26 +61,26 @@ def record_many(patches: list[ActivePatch]) -> None:
     with _LOCK:
         for patch in patches:
             key = (patch.target, patch.profile)
-            _ACTIVE[key] = patch
-            if key not in _ORDER:
-                _ORDER[key] = next(_COUNTER)
+            REGISTRY.patches[key] = patch
+            if key not in REGISTRY.patch_order:
+                REGISTRY.patch_order[key] = next(REGISTRY.patch_counter)
 
 
 def forget(target: str, profile: str | None = None) -> None:
     """Drop the record of `target` for `profile` (every profile when None)."""
     with _LOCK:
-        keys = [k for k in _ACTIVE if k[0] == target and (profile is None or k[1] == profile)]
+        keys = [k for k in REGISTRY.patches if k[0] == target and (profile is None or k[1] == profile)]
         for key in keys:
-            del _ACTIVE[key]
-            del _ORDER[key]
+            del REGISTRY.patches[key]
+            del REGISTRY.patch_order[key]
 
 
 def forget_many(keys: list[tuple[str, str]]) -> None:
     """Drop the records of these (target, profile) pairs."""
     with _LOCK:
         for key in keys:
-            if _ACTIVE.pop(key, None) is not None:
-                del _ORDER[key]
+            if REGISTRY.patches.pop(key, None) is not None:
+                del REGISTRY.patch_order[key]
 
 
 def active_patches() -> list[ActivePatch]:
@@ -102,4 +99,4 @@ def active_patches() -> list[ActivePatch]:
     >>> shims.unregister_profile("louder")
     """
     with _LOCK:
-        return [_ACTIVE[k] for k in sorted(_ACTIVE, key=lambda k: (k[0], _ORDER[k]))]
+        return [REGISTRY.patches[k] for k in sorted(REGISTRY.patches, key=lambda k: (k[0], REGISTRY.patch_order[k]))]

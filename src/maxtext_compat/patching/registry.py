@@ -8,19 +8,19 @@ module keeps a piece of it in a global of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from maxtext_compat.contract import checked
-from maxtext_compat.patching.settings import Setting
-from maxtext_compat.patching.spec import PatchSpec
-from maxtext_compat.patching.transaction import PatchSet
 
 if TYPE_CHECKING:
     from maxtext_compat.resolver import Resolution
 
-ProfileBuilder = Callable[[], Iterable[PatchSpec | Setting]]
+# Nothing here imports the rest of the engine (its modules all read this one): the values are typed loosely.
+
+ProfileBuilder = Callable[[], Iterable[Any]]  # PatchSpecs and Settings
 ProfileChooser = Callable[["Resolution"], "str | None"]
 
 
@@ -59,8 +59,10 @@ class Registry:
     their last statuses (`statuses`)."""
 
     profiles: dict[str, Profile] = field(default_factory=dict)
-    specs: dict[str, tuple[PatchSpec | Setting, ...]] = field(default_factory=dict)  # built at the first install
-    installed: dict[str, PatchSet] = field(default_factory=dict)  # insertion order = install order
+    specs: dict[str, tuple[Any, ...]] = field(
+        default_factory=dict
+    )  # PatchSpecs and Settings, built at the first install
+    installed: dict[str, Any] = field(default_factory=dict)  # PatchSets; insertion order = install order
     explicit: set[str] = field(default_factory=set)  # installed by install(): stays after the last `patched()` block
     holders: dict[str, int] = field(default_factory=dict)  # profile -> `with patched()` blocks running with it
     declared_by: list[tuple[str, object]] = field(default_factory=list)  # (profile carrying it, declaration)
@@ -69,6 +71,16 @@ class Registry:
     declarations: Declarations | None = None
     shims: dict[str, Any] = field(default_factory=dict)  # profile -> the Shim object that installed it
     statuses: dict[str, Any] = field(default_factory=dict)  # shim name -> its last ShimStatus
+    # What is patched right now: the ledger (`doctor` lists it), the values settings replaced, our layers by the
+    # id of the object installed, wrappers built before (reused by a re-install), jitted code seen before installs.
+    patches: dict[tuple[str, str], Any] = field(default_factory=dict)  # (target, profile) -> ActivePatch
+    patch_order: dict[tuple[str, str], int] = field(default_factory=dict)  # install order within a target
+    patch_counter: Iterator[int] = field(default_factory=itertools.count)
+    settings: dict[str, tuple[str, Any, Any]] = field(default_factory=dict)  # target -> (profile, setting, before)
+    layers: dict[int, Any] = field(default_factory=dict)  # id(installed object) -> its Layer
+    built: dict[tuple[int, int, str], tuple[Any, Any, Any, Any]] = field(default_factory=dict)
+    compiled_before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # profile -> jitted functions
+    scanned: set[str] = field(default_factory=set)  # profiles whose first install was checked for them
 
 
 REGISTRY = Registry()

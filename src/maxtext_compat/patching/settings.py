@@ -18,6 +18,7 @@ from typing import Any
 
 from maxtext_compat.errors import PatchError
 from maxtext_compat.patching import ledger
+from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.state import ABSENT, LOCK
 
 
@@ -100,20 +101,17 @@ def _record(setting: Setting, profile: str) -> ledger.ActivePatch:
     return ledger.ActivePatch(setting.slot.target, setting.origin, profile)
 
 
-_ACTIVE: dict[str, tuple[str, Setting, Any]] = {}  # target -> (profile, setting, the value it replaced)
-
-
 def apply_settings(profile: str, settings: Iterable[Setting]) -> SettingSet:
     """Apply every setting or none; record each in the registry under `profile`."""
     settings = list(settings)
     with LOCK:
-        taken = [s.slot.target for s in settings if s.slot.target in _ACTIVE]
+        taken = [s.slot.target for s in settings if s.slot.target in REGISTRY.settings]
         if taken:
             raise PatchError(
                 f"profile {profile!r} sets values another profile already set",
                 argument=taken[0],
                 expected="slots no installed profile holds",
-                found=f"held by profile {_ACTIVE[taken[0]][0]!r}",
+                found=f"held by profile {REGISTRY.settings[taken[0]][0]!r}",
                 fix="uninstall that profile first",
             )
         planned = [(s, s.slot.read()) for s in settings]  # read every slot before writing any
@@ -129,7 +127,7 @@ def apply_settings(profile: str, settings: Iterable[Setting]) -> SettingSet:
                 setting.slot.write(before)
             raise
         for setting, before in done:
-            _ACTIVE[setting.slot.target] = (profile, setting, before)
+            REGISTRY.settings[setting.slot.target] = (profile, setting, before)
         ledger.record_many([_record(s, profile) for s, _ in done])
         return SettingSet(profile, tuple(done))
 
@@ -145,7 +143,7 @@ def remove_settings(applied: SettingSet) -> list[str]:
                 restored.append(slot.target)
             if setting.after_restore is not None:
                 setting.after_restore()
-            _ACTIVE.pop(slot.target, None)
+            REGISTRY.settings.pop(slot.target, None)
         ledger.forget_many([(s.slot.target, applied.profile) for s, _ in applied.applied])
     return restored
 
@@ -153,5 +151,5 @@ def remove_settings(applied: SettingSet) -> list[str]:
 def replaced_value(target: str) -> Any:
     """The value an active setting replaced at `target` (ABSENT when none is active there)."""
     with LOCK:
-        found = _ACTIVE.get(target)
+        found = REGISTRY.settings.get(target)
         return ABSENT if found is None else found[2]

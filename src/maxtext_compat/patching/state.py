@@ -15,6 +15,7 @@ import wrapt
 
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.patching import ledger
+from maxtext_compat.patching.registry import REGISTRY
 
 # One lock for every check-and-swap in the process (profiles.py takes it too, re-entrantly). Like every
 # lock of the package it comes from maxtext_compat.locks, whose fork hook takes it around a fork: a
@@ -31,9 +32,6 @@ class _Missing:
 ABSENT: Any = _Missing()  # "no entry in this __dict__": restoring it means deleting the slot
 
 PID = [os.getpid()]  # refreshed after fork; os.getpid() per record is a syscall
-
-# id(installed object) -> layer, for every layer installed by this copy of the library.
-OURS: dict[int, Layer] = {}
 
 
 def _refresh_pid() -> None:
@@ -89,7 +87,7 @@ def label_of(obj: Any, name: str) -> str:
         return f"{obj.__name__}:{name}"
     if isinstance(obj, type):
         return f"{obj.__module__}:{obj.__qualname__}.{name}"
-    layer = next((la for la in OURS.values() if la.shim is obj), None)
+    layer = next((la for la in REGISTRY.layers.values() if la.shim is obj), None)
     if layer is not None:
         return f"the {layer.profile!r} layer of {layer.target}"
     return f"{type(obj).__qualname__} wrapper ({name})"
@@ -107,7 +105,7 @@ def describe_object(obj: Any) -> str:
     if obj is ABSENT:
         return "nothing (the attribute was deleted)"
     if is_proxy(obj):
-        layer = OURS.get(id(obj))
+        layer = REGISTRY.layers.get(id(obj))
         if layer is not None and layer.wrapper is obj:
             return f"the maxtext-compat wrapper of profile {layer.profile!r}"
         try:
@@ -142,7 +140,7 @@ def layer_of(obj: Any) -> InstalledLayer | None:
 
     Why by object and not by registry: a caller holding `obj` asks about that object, so an
     uninstall racing with the question cannot make the answer describe something else."""
-    layer = OURS.get(id(obj))
+    layer = REGISTRY.layers.get(id(obj))
     if layer is None or layer.wrapper is not obj:
         return None
     return InstalledLayer(layer.profile, layer.target, layer.shim)
@@ -150,5 +148,5 @@ def layer_of(obj: Any) -> InstalledLayer | None:
 
 def installed_layers() -> tuple[InstalledLayer, ...]:
     """Every layer this copy of the library has installed in this process (the ledger `doctor` reads)."""
-    unique = {id(layer): layer for layer in list(OURS.values())}
+    unique = {id(layer): layer for layer in list(REGISTRY.layers.values())}
     return tuple(InstalledLayer(la.profile, la.target, la.shim) for la in unique.values())

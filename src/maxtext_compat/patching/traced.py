@@ -14,11 +14,10 @@ import sys
 
 from maxtext_compat.errors import TracedBeforeInstallWarning, warn_at_call_site
 from maxtext_compat.locks import fork_safe_lock
+from maxtext_compat.patching.registry import REGISTRY
 
 _INTERNAL = ("jax", "jaxlib", "flax", "optax", "numpy")
 _lock = fork_safe_lock()
-_BEFORE: dict[str, tuple[str, ...]] = {}  # installed profile -> jitted functions compiled before it
-_SCANNED: set[str] = set()  # profiles whose first install was checked
 
 
 def compiled_functions() -> tuple[str, ...]:
@@ -57,13 +56,13 @@ def note_install(profile: str, targets: tuple[str, ...]) -> None:
     imported), and a profile installed and removed in a loop would pay it every time.
     """
     with _lock:
-        first = profile not in _SCANNED
-        _SCANNED.add(profile)
+        first = profile not in REGISTRY.scanned
+        REGISTRY.scanned.add(profile)
     before = compiled_functions() if targets and first else ()
     if not before:
         return
     with _lock:
-        _BEFORE[profile] = before
+        REGISTRY.compiled_before[profile] = before
     shown = ", ".join(before[:5]) + (f" and {len(before) - 5} more" if len(before) > 5 else "")
     warn_at_call_site(  # the user's line: the frames between (the API's argument checks among them) vary
         f"maxtext-compat profile {profile!r} was installed after JAX compiled {len(before)} jitted function(s) "
@@ -76,10 +75,10 @@ def note_install(profile: str, targets: tuple[str, ...]) -> None:
 
 def note_uninstall(profile: str) -> None:
     with _lock:
-        _BEFORE.pop(profile, None)
+        REGISTRY.compiled_before.pop(profile, None)
 
 
 def compiled_before(profile: str) -> tuple[str, ...]:
     """The jitted functions that were compiled before `profile` was installed (doctor shows them)."""
     with _lock:
-        return _BEFORE.get(profile, ())
+        return REGISTRY.compiled_before.get(profile, ())

@@ -15,9 +15,10 @@ from maxtext_compat.errors import PatchConflictError
 from maxtext_compat.patching import ledger
 from maxtext_compat.patching.aliases import sweep_aliases
 from maxtext_compat.patching.conflicts import check_conflicts, raise_same_slot
+from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.settings import Setting, SettingSet, apply_settings, remove_settings
 from maxtext_compat.patching.spec import Original, PatchSpec
-from maxtext_compat.patching.state import ABSENT, LOCK, OURS, PID, Layer, describe_object, is_proxy, label_of
+from maxtext_compat.patching.state import ABSENT, LOCK, PID, Layer, describe_object, is_proxy, label_of
 from maxtext_compat.patching.targets import resolve_target
 from maxtext_compat.patching.wrappers import make_wrappers
 from maxtext_compat.patching.writes import Markers, Write, commit_writes, read_slot
@@ -94,14 +95,14 @@ def apply(
                 remove_settings(values)
             raise
         for layer in layers:
-            OURS[id(layer.wrapper)] = layer
+            REGISTRY.layers[id(layer.wrapper)] = layer
         ledger.record_many([layer.record() for layer in layers])
         return PatchSet(profile, PID[0], tuple(layers), values)
 
 
 def _build_layer(spec: PatchSpec, original: Original, profile: str) -> Layer:
     shim, wrapper = make_wrappers(spec, original, profile)
-    below = OURS.get(id(original.raw))
+    below = REGISTRY.layers.get(id(original.raw))
     if below is not None and below.wrapper is original.raw:
         stacked_on = f"profile {below.profile}"
     elif is_proxy(original.raw):
@@ -132,14 +133,14 @@ class _Removal:
 
 
 def _plan_removal(patch_set: PatchSet, *, force: bool) -> _Removal:
-    layers = [layer for layer in patch_set.layers if OURS.get(id(layer.wrapper)) is layer]
+    layers = [layer for layer in patch_set.layers if REGISTRY.layers.get(id(layer.wrapper)) is layer]
     plan = _Removal(layers, [], [], [])
     markers = Markers()
     spliced: set[int] = set()
     removed = {id(layer.wrapper) for layer in layers}
-    for above in OURS.values():  # our layers wrapping a removed one: splice it out beneath them
+    for above in REGISTRY.layers.values():  # our layers wrapping a removed one: splice it out beneath them
         if id(above.original) in removed and id(above.wrapper) not in removed:
-            layer = OURS[id(above.original)]
+            layer = REGISTRY.layers[id(above.original)]
             plan.writes.append(Write(above.shim, "__wrapped__", layer.original, layer.wrapper))
             spliced.add(id(above.shim))
             plan.fixups.append((above, layer))
@@ -209,7 +210,7 @@ def remove(patch_set: PatchSet, *, force: bool = False) -> None:
                 above.created = layer.created
             ledger.record(above.record())
         for layer in plan.layers:
-            del OURS[id(layer.wrapper)]
+            del REGISTRY.layers[id(layer.wrapper)]
         ledger.forget_many([(layer.target, layer.profile) for layer in plan.layers])
         if patch_set.settings is not None:  # a slot holding someone else's value now is left to them
             remove_settings(patch_set.settings)

@@ -8,8 +8,8 @@ from typing import Any
 import wrapt
 
 from maxtext_compat.errors import PatchError
+from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.spec import Original, PatchSpec
-from maxtext_compat.patching.state import OURS
 
 
 class _ShimBoundWrapper(wrapt.BoundFunctionWrapper):
@@ -73,18 +73,17 @@ except ImportError:  # a wrapt without the private classes: the public API (test
 # rebuilding them, so a factory runs once per (spec, original, profile) and a patched method keeps one
 # identity across blocks. Measured, an install/uninstall cycle of vllm-backport on MaxText 0.1.0
 # (14 targets): 0.49 ms with it, 1.44 ms without.
-_BUILT: dict[tuple[int, int, str], tuple[PatchSpec, Any, Any, Any]] = {}
 _BUILT_MAX = 256
 
 
 def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any]:
-    hit = _BUILT.get((id(spec), id(original.raw), profile))
+    hit = REGISTRY.built.get((id(spec), id(original.raw), profile))
     if (
         hit is not None
         and hit[0] is spec
         and hit[1] is original.raw
         and hit[2].__wrapped__ is original.raw  # never spliced onto another original since
-        and id(hit[3]) not in OURS  # not installed right now
+        and id(hit[3]) not in REGISTRY.layers  # not installed right now
     ):
         return hit[2], hit[3]
     try:
@@ -108,14 +107,14 @@ def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[An
     # Enabled only while installed: a copy taken after install (`from pkg.mod import f` while the
     # profile is active) still holds this object after uninstall, and must then run the original.
     written: list[Any] = []
-    shim = _ShimWrapper(original.raw, wrapper_fn, enabled=lambda: id(written[0]) in OURS)
+    shim = _ShimWrapper(original.raw, wrapper_fn, enabled=lambda: id(written[0]) in REGISTRY.layers)
     wrapper: Any = shim
     if spec.signature is not None:
         wrapper = _with_signature(shim, _signature(spec, original))
     written.append(wrapper)
-    if len(_BUILT) >= _BUILT_MAX:
-        _BUILT.clear()
-    _BUILT[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper)
+    if len(REGISTRY.built) >= _BUILT_MAX:
+        REGISTRY.built.clear()
+    REGISTRY.built[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper)
     return shim, wrapper
 
 

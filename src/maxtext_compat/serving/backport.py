@@ -176,7 +176,7 @@ class BackportServingBackend(NNXTransformerBackend):
 
         if inputs_embeds is not None:
             self._reject_input_embeddings()
-        hooks.ensure_installed(self.row)  # no-op under the vllm-backport profile, which includes the hooks
+        hooks.ensure_installed(self.row)  # a dict read once installed (vllm-backport, from prepare(), carries them)
         metadata = _one_group(attention_metadata)
         where = f"MaxText {self.row.name} Transformer (backport serving step)"
         # tpu-inference's mesh goes to the session directly: the KV caches live on it, and under

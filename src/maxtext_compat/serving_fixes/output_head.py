@@ -26,7 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from maxtext_compat import names
-from maxtext_compat.patching import Original, PatchSpec, profiles
+from maxtext_compat.patching import Original, PatchSpec
+from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.shim import Shim
 
 PROFILE = names.SERVING_OUTPUT_HEAD
@@ -132,6 +133,6 @@ def embedder(model: Any) -> Any:
     """The embedder to hand MaxText's output head: the stand-in over the rounded copy when `attach` kept one
     and the patch is installed in this process, else the model's own (MaxText rounds the table itself)."""
     rounded = getattr(model, ATTRIBUTE, None)
-    if rounded is None or not profiles.installed(PROFILE):
+    if rounded is None or PROFILE not in REGISTRY.installed:  # every step: a dict read, not the engine's lock
         return model.token_embedder
     return _StandInEmbedder(RoundedTable(_value(rounded)))
