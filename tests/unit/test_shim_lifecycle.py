@@ -143,3 +143,23 @@ def test_a_registered_shim_installs_by_name_and_is_listed_before_it_is_installed
         assert s.calls == ["removed"]  # installed through the profile API: only the removal is the shim's step
     finally:
         shims.unregister_profile(s.name)
+
+
+def test_doctor_lists_every_shim_the_same_way(module) -> None:
+    """MaxText's own shims (registered, not installed) and one of ours (installed) in one list, one line each."""
+    from maxtext_compat import doctor
+
+    s = Louder(module.__name__)
+    s.install()
+    try:
+        report = doctor.collect()
+        listed = {entry["name"]: entry for entry in report["shims"]}
+        assert listed[s.name]["active"] and listed[s.name]["verified_for"] == ["a throwaway module"]
+        assert f"{module.__name__}:greet" in listed[s.name]["targets"]
+        assert {"vllm-backport", "known-defects", "call-rule"} <= set(listed)
+        assert not listed["vllm-backport"]["active"] and listed["vllm-backport"]["verified_for"]
+        text = doctor.render(report)
+        assert f"shim {s.name}: installed, {len(listed[s.name]['targets'])} target(s)" in text
+        assert "shim vllm-backport: not installed in this process" in text
+    finally:
+        s.uninstall()
