@@ -14,18 +14,18 @@ from typing import Any
 from maxtext_compat import names
 from maxtext_compat.patching import layer_of
 
-RULE_PROFILES = names.RULE_PROFILES
 _MISSING = object()
 
 
 def is_rule_wrapper(raw: Any) -> Any:
-    """The shim (our innermost wrapper) when `raw`, a class-dict entry, applies the call rule; else None.
+    """Our installed layer when `raw`, a class-dict entry, applies the call rule (its wrapper function carries the
+    marker); else None.
 
     Decided from the object, not from the registry, so an uninstall racing with the call cannot
-    make the adapter call a bare MaxText method with kv_cache= (the shim still wraps it).
+    make the adapter call a bare MaxText method with kv_cache= (the layer still holds the wrapper).
     """
     layer = layer_of(raw)
-    return layer.shim if layer is not None and layer.profile in RULE_PROFILES else None
+    return layer if layer is not None and getattr(layer.function, names.CALL_RULE_MARKER, False) else None
 
 
 class RuleShimOf:
@@ -51,11 +51,11 @@ class RuleShimOf:
         return shim
 
 
-def call_rule_wrapper(shim: Any, module: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def call_rule_wrapper(layer: Any, module: Any, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run the shim's rule wrapper itself, whether or not its profile is still installed.
 
     Why not call the installed object: it runs the original once its profile is removed (so copies
     taken while installed stop patching), and an uninstall racing with this call must not turn a new
     call the adapter already handed to the shim into a bare MaxText call with kv_cache=.
     """
-    return shim._self_wrapper(shim.__wrapped__.__get__(module, cls), module, args, kwargs)
+    return layer.function(layer.shim.__wrapped__.__get__(module, cls), module, args, kwargs)

@@ -56,6 +56,7 @@ class Layer:
     created: bool  # the slot did not exist on owner before (inherited attribute): restore deletes it
     original: Any
     shim: Any  # our FunctionWrapper (innermost proxy of this layer)
+    function: Any  # the wrapper function the spec's factory made, which the shim calls (markers are read on it)
     wrapper: Any  # the object written (shim, or a with_signature proxy around it)
     aliases: list[tuple[Any, str]]
     stacked_on: str
@@ -128,11 +129,13 @@ def describe_object(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class InstalledLayer:
-    """One installed patch as others may see it: the profile, the target, and our innermost wrapper."""
+    """One installed patch as others may see it: the profile, the target, our innermost wrapper and the wrapper
+    function it calls (which carries a shim's markers)."""
 
     profile: str
     target: str
     shim: Any
+    function: Any
 
 
 def layer_of(obj: Any) -> InstalledLayer | None:
@@ -143,10 +146,10 @@ def layer_of(obj: Any) -> InstalledLayer | None:
     layer = REGISTRY.layers.get(id(obj))
     if layer is None or layer.wrapper is not obj:
         return None
-    return InstalledLayer(layer.profile, layer.target, layer.shim)
+    return InstalledLayer(layer.profile, layer.target, layer.shim, layer.function)
 
 
 def installed_layers() -> tuple[InstalledLayer, ...]:
     """Every layer this copy of the library has installed in this process (the ledger `doctor` reads)."""
     unique = {id(layer): layer for layer in list(REGISTRY.layers.values())}
-    return tuple(InstalledLayer(la.profile, la.target, la.shim) for la in unique.values())
+    return tuple(InstalledLayer(la.profile, la.target, la.shim, la.function) for la in unique.values())

@@ -101,7 +101,7 @@ def apply(
 
 
 def _build_layer(spec: PatchSpec, original: Original, profile: str) -> Layer:
-    shim, wrapper = make_wrappers(spec, original, profile)
+    shim, wrapper, function = make_wrappers(spec, original, profile)
     below = REGISTRY.layers.get(id(original.raw))
     if below is not None and below.wrapper is original.raw:
         stacked_on = f"profile {below.profile}"
@@ -118,6 +118,7 @@ def _build_layer(spec: PatchSpec, original: Original, profile: str) -> Layer:
         created=original.owner is not original.defined_in,
         original=original.raw,
         shim=shim,
+        function=function,
         wrapper=wrapper,
         aliases=sweep_aliases(spec, original),
         stacked_on=stacked_on,

@@ -76,7 +76,7 @@ except ImportError:  # a wrapt without the private classes: the public API (test
 _BUILT_MAX = 256
 
 
-def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any]:
+def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any, Any]:
     hit = REGISTRY.built.get((id(spec), id(original.raw), profile))
     if (
         hit is not None
@@ -85,7 +85,7 @@ def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[An
         and hit[2].__wrapped__ is original.raw  # never spliced onto another original since
         and id(hit[3]) not in REGISTRY.layers  # not installed right now
     ):
-        return hit[2], hit[3]
+        return hit[2], hit[3], hit[4]
     try:
         wrapper_fn = spec.factory(original)
     except Exception as exc:
@@ -114,8 +114,8 @@ def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[An
     written.append(wrapper)
     if len(REGISTRY.built) >= _BUILT_MAX:
         REGISTRY.built.clear()
-    REGISTRY.built[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper)
-    return shim, wrapper
+    REGISTRY.built[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper, wrapper_fn)
+    return shim, wrapper, wrapper_fn
 
 
 def _signature(spec: PatchSpec, original: Original) -> inspect.Signature:

@@ -70,6 +70,7 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
 
             return call_rule(site, module, native_call, args, kwargs)
 
+        setattr(wrapper, names.CALL_RULE_MARKER, True)  # an adapter over this class lets it apply the rule
         return wrapper
 
     return factory
