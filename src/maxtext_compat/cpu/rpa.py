@@ -70,6 +70,13 @@ class CpuKernelShim(Shim):
     description = "the real RPA kernel on a CPU: Pallas TPU interpret mode, CPU block sizes, interpreter views"
 
     def __init__(self, *, force: bool = False, clear_caches: bool = False) -> None:
+        from maxtext_compat.matrix import load_matrix
+
+        shim = load_matrix().cpu_shim
+        self.verified_for = (
+            f"jax {', '.join(shim.verified_jax)} (matrix cpu_shim.verified_jax)",
+            f"tpu-inference {', '.join(shim.verified_tpu_inference)} (its kernel's block sizes)",
+        )
         self.force, self.clear_caches = force, clear_caches
         self.jax_version = ""
         self.jax_verified = False

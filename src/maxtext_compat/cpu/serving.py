@@ -291,9 +291,12 @@ class CpuServingShim(Shim):
 
     name = PROFILE
     description = DESCRIPTION
-    verified_for = ("tpu-inference 0.11.1-0.32.0 (each part's target named by the installed release)",)
 
     def __init__(self, *, parts: Iterable[str] | None = None, force_rpa: bool = False) -> None:
+        from maxtext_compat.matrix import load_matrix
+
+        verified = load_matrix().cpu_shim.verified_tpu_inference
+        self.verified_for = (f"tpu-inference {', '.join(verified)} (matrix cpu_shim.verified_tpu_inference)",)
         self.parts, self.force_rpa = parts, force_rpa
         self.wanted: tuple[str, ...] = ()
         self.skipped: tuple[str, ...] = ()
