@@ -40,6 +40,7 @@ from maxtext_compat.patching import profiles
 from maxtext_compat.patching.settings import Setting, attribute_slot, env_slot, global_slot, item_slot
 from maxtext_compat.patching.shim import NOT_ASKED, Shim, ShimStatus
 from maxtext_compat.patching.shim import status_of as shim_status
+from maxtext_compat.patching.shim import uninstall as shim_uninstall
 
 PROFILE = names.CPU_RPA
 KERNEL_MODULE = "tpu_inference.kernels.ragged_paged_attention.v3.kernel"
@@ -167,9 +168,7 @@ def install(*, force: bool = False, clear_caches: bool = False) -> ShimStatus:
 
 def uninstall() -> list[str]:
     """Undo every patch (by identity) and forget it in the ledger; returns the targets restored."""
-    if PROFILE not in profiles.registered_profiles() or not profiles.installed(PROFILE):
-        return []
-    return CpuKernelShim().uninstall()
+    return shim_uninstall(PROFILE)  # no CpuKernelShim needed (it would read the matrix only to be removed)
 
 
 @contextlib.contextmanager

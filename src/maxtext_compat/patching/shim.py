@@ -114,13 +114,7 @@ class Shim:
 
     def uninstall(self) -> list[str]:
         """Remove this shim's patches (a no-op when it is not installed); the targets restored."""
-        with LIFECYCLE:
-            with LOCK:
-                patch_set = REGISTRY.installed.get(self.name)
-            targets = list(patch_set.targets) if patch_set is not None else []
-            if self.name in profiles.registered_profiles():
-                profiles.uninstall(self.name)
-            return targets
+        return uninstall(self.name)
 
     def status(self) -> ShimStatus:
         return status_of(self.name)
@@ -134,6 +128,17 @@ class Shim:
         with LOCK:
             REGISTRY.statuses.pop(self.name, None)
         self.removed()
+
+
+def uninstall(name: str) -> list[str]:
+    """Remove the shim called `name` (a no-op when it is not installed; no shim object needed); its targets."""
+    with LIFECYCLE:
+        with LOCK:
+            patch_set = REGISTRY.installed.get(name)
+        if patch_set is None:
+            return []
+        profiles.uninstall(name)
+        return list(patch_set.targets)
 
 
 def register(shim: Shim) -> None:

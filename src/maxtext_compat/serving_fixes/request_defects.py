@@ -30,6 +30,7 @@ from maxtext_compat.errors import RequestRefusedError
 from maxtext_compat.patching import Original, PatchSpec, profiles
 from maxtext_compat.patching.shim import Shim
 from maxtext_compat.patching.shim import status_of as shim_status
+from maxtext_compat.patching.shim import uninstall as shim_uninstall
 from maxtext_compat.serving_fixes import seeded_sampling
 
 PROFILE = names.SERVING_REQUESTS
@@ -302,5 +303,4 @@ def install(resolution: Any = None) -> list[str]:
 
 
 def uninstall() -> None:
-    if PROFILE in profiles.registered_profiles():
-        profiles.uninstall(PROFILE)
+    shim_uninstall(PROFILE)
