@@ -12,9 +12,6 @@ VLLM_BACKPORT = "vllm-backport"  # new calls on a pre-#2616 release: the call ru
 KNOWN_DEFECTS = "known-defects"  # the fixes a MaxText row lists
 CALL_RULE = "call-rule"  # the call rule in the classes of a release with the KV parameters
 BACKPORT_HOOKS = "backport-hooks"  # the backport's hooks alone, inert outside a KV session
-# The attribute that marks a wrapper function applying the call rule (an adapter over a class carrying one lets it
-# apply the rule, once): decided from the wrapper itself, whatever the profile that installed it is called.
-CALL_RULE_MARKER = "__maxtext_compat_call_rule__"
 
 # the TPU-only pieces on a CPU (maxtext_compat.cpu)
 CPU_RPA = "cpu-rpa"

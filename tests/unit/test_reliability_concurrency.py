@@ -14,6 +14,7 @@ identity. Callers yield the GIL every few calls, as real callers do inside JAX.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import sys
 import textwrap
@@ -30,6 +31,7 @@ from helpers.fake_modules import FakePackage, make_module
 from helpers.shipped import shipped_matrix
 from maxtext_compat import patching, shims
 from maxtext_compat.adapters.wrapper import adapted_class
+from maxtext_compat.convention import declared as caller_convention
 from maxtext_compat.matrix import ClassRef, MaxTextRow
 from maxtext_compat.patching import PatchSpec, ledger, profiles
 from maxtext_compat.shims import maxtext_profiles
@@ -267,7 +269,7 @@ def test_the_fake_row_gives_the_real_profiles_targets(fake: FakeRelease):
 
 
 # ----------------------------------------------------------------------------------------------
-# The adapters' hand-off to a vllm-backport shim (legacy rows)
+# An adapter over a class a vllm-backport shim patched (legacy rows): the rule is applied once
 # ----------------------------------------------------------------------------------------------
 
 LEGACY = shipped_matrix().row("0.1.0")
@@ -281,8 +283,9 @@ class Attention:
 
 @pytest.fixture
 def backport_over_fake(mocker) -> Iterator[tuple[type, Any]]:
-    """vllm-backport's real call-rule spec for a fake 0.1.0 Attention, registered under the real name
-    (the adapters hand calls to the shim by that name); the real registration is put back afterwards."""
+    """vllm-backport's real call-rule spec for a fake 0.1.0 Attention, registered under the real name; the real
+    registration is put back afterwards. Yields the fake class and a factory of adapters over it (built when asked,
+    so a test decides whether the shim is installed then)."""
     pkg = f"fakelegacy_{uuid.uuid4().hex[:8]}"
     ref = LEGACY.classes["attention"]
     assert ref is not None
@@ -300,7 +303,7 @@ def backport_over_fake(mocker) -> Iterator[tuple[type, Any]]:
     # real MaxText) would otherwise be registered here for this fake row and outlive the test.
     mocker.patch("maxtext_compat.backport.hooks.ensure_installed")
     try:
-        yield module.Attention, adapted_class(module.Attention, row=row, kind="attention")
+        yield module.Attention, lambda: adapted_class(module.Attention, row=row, kind="attention")
     finally:
         shims.uninstall(maxtext_profiles.BACKPORT, force=True)
         shims.register_profile(real.name, real.builder, description=real.description, replace=True)
@@ -310,26 +313,37 @@ def backport_over_fake(mocker) -> Iterator[tuple[type, Any]]:
 NEW_TRAIN = {"model_mode": "train", "kv_cache": "KV", "attention_metadata": "MD"}
 
 
-def test_adapter_hands_calls_to_an_installed_backport(backport_over_fake):
-    _, adapter = backport_over_fake
+@pytest.mark.parametrize("built", ["before the install", "while installed"])
+def test_an_adapter_over_an_installed_backport_applies_the_rule_once(backport_over_fake, mocker, built):
+    """The adapter applies the rule and the shim beneath passes its native call through: an old call's return is
+    reduced once, a new call never reaches 0.1.0's own __call__ with kv_cache= (it takes no such argument)."""
+    cls, adapter_of = backport_over_fake
+    raw = vars(cls)["__call__"]
+    adapter = adapter_of() if built == "before the install" else None
     shims.install(maxtext_profiles.BACKPORT)
+    adapter = adapter or adapter_of()
+    assert "kv_cache" in inspect.signature(cls.__call__).parameters  # the shim advertises the new keywords
+    seen = mocker.spy(caller_convention, "runs_natively")
     assert adapter()("x", "x") == "OUT"
     assert adapter()("x", "x", **NEW_TRAIN) == ("OUT", "KV")  # train mode: the caches come back as given
+    assert seen.spy_return is True  # the shim saw the adapter's native call and passed it through
+    shims.uninstall(maxtext_profiles.BACKPORT)
+    assert vars(cls)["__call__"] is raw
+    assert adapter()("x", "x", **NEW_TRAIN) == ("OUT", "KV") and adapter()("x", "x") == "OUT"
 
 
-def test_backport_uninstalled_between_the_adapters_check_and_its_call(backport_over_fake, mocker):
-    """Deterministic replay of the race the concurrency test can hit: another thread uninstalls the
-    shim right after the adapter decided to hand the call to it."""
-    from maxtext_compat.adapters import wrapper
-
-    _, adapter = backport_over_fake
+def test_a_backport_uninstalled_during_the_adapters_call(backport_over_fake, mocker):
+    """Another thread uninstalls the shim while the adapter's call is under way (between the rule's decision and the
+    native call): the native call then reaches 0.1.0's own __call__ with the release's own arguments only."""
+    _, adapter_of = backport_over_fake
+    adapter = adapter_of()
     shims.install(maxtext_profiles.BACKPORT)
-    real_check = wrapper.is_rule_wrapper
+    real_declared = caller_convention.declared
 
-    def check_then_uninstall(raw):
-        answer = real_check(raw)
+    def declared_then_uninstall(*args, **kwargs):
         shims.uninstall(maxtext_profiles.BACKPORT)
-        return answer
+        return real_declared(*args, **kwargs)
 
-    mocker.patch.object(wrapper, "is_rule_wrapper", side_effect=check_then_uninstall)
+    mocker.patch.object(caller_convention, "declared", side_effect=declared_then_uninstall)
     assert adapter()("x", "x", **NEW_TRAIN) == ("OUT", "KV")
+    assert not shims.installed(maxtext_profiles.BACKPORT)

@@ -148,16 +148,10 @@ def test_signature_advertises_added_keywords(fake: Fake):
     assert not supports_kw(fake.layers.Attention.__call__, "kv_cache")
 
 
-@pytest.mark.parametrize("seam", ["private", "public"])
-def test_signature_seam_with_and_without_wrapts_private_classes(fake: Fake, mocker, seam: str):
-    """The private wrapt classes sit behind one seam; without them (a future wrapt) the public
-    `with_signature` still advertises the added keywords, calls pass through, uninstall restores."""
-    from maxtext_compat.patching import wrappers
-
-    if seam == "public":
-        mocker.patch.object(wrappers, "_with_signature", wrappers.public_with_signature)
-    else:
-        assert wrappers.PRIVATE_SEAM  # the wrapt this project pins has them: the private path is the one tested
+def test_a_signature_override_keeps_the_patch_on_the_unbind_path(fake: Fake):
+    """wrapt's public `with_signature` over our wrapper: the added keywords are advertised, and Flax Linen's way of
+    calling a method (unbinding `module.__call__` through `__func__`, then calling it with the module) still runs
+    the patch; uninstall restores the original by identity."""
     raw = vars(fake.layers.Attention)["__call__"]
     register("p", *all_specs(fake))
     shims.install("p")
@@ -165,6 +159,9 @@ def test_signature_seam_with_and_without_wrapts_private_classes(fake: Fake, mock
     assert list(inspect.signature(a).parameters) == ["x", "decoder_segment_ids", "kv_cache", "attention_metadata"]
     assert supports_kw(fake.layers.Attention.__call__, "kv_cache")
     assert a(1) == ("call", 1, "A") and a(1, kv_cache="kv") == (("call", 1, "A"), "kv")
+    unbound = a.__call__.__func__  # Linen's Module.apply / init
+    assert unbound(a, 1) == ("call", 1, "A") and unbound(a, 1, kv_cache="kv") == (("call", 1, "A"), "kv")
+    assert "kv_cache" in inspect.signature(unbound).parameters
     assert list(inspect.signature(fake.layers.f).parameters) == ["x", "kv_cache"] and fake.layers.f(5) == ("f", 5, "A")
     shims.uninstall()
     assert vars(fake.layers.Attention)["__call__"] is raw

@@ -15,15 +15,15 @@ import dataclasses
 import inspect
 from typing import Any
 
-from maxtext_compat.adapters.rule_shims import RuleShimOf, call_rule_wrapper, is_rule_wrapper
 from maxtext_compat.contract import checked
 from maxtext_compat.convention import declared as callers
 from maxtext_compat.convention.kinds import CLASS_KINDS, kind_named
-from maxtext_compat.convention.rule import RULE_APPLIED, CallSite, call_rule, is_row_class, rule_shims_made
+from maxtext_compat.convention.rule import CallSite, call_rule, is_row_class
 from maxtext_compat.convention.signature import advertised_signature, kind_from_signature, native_signature
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.patching import original_beneath
 from maxtext_compat.write_path import WRITE_PATH
 
 _lock = fork_safe_lock()
@@ -37,6 +37,14 @@ def _row(row: MaxTextRow | None) -> MaxTextRow:
     from maxtext_compat.installed import installed_row
 
     return installed_row(warn_unknown=True)  # an unknown release warns, as the README says
+
+
+def _call_entry(cls: type) -> Any:
+    """The raw `__call__` entry of `cls`, as `inspect.getattr_static` finds it along the MRO."""
+    for klass in cls.__mro__:
+        if "__call__" in klass.__dict__:
+            return klass.__dict__["__call__"]
+    return cls.__call__
 
 
 def kind_of(cls: type, row: MaxTextRow) -> str:
@@ -80,29 +88,24 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
     with _lock:
         if key in _ADAPTED:
             return _ADAPTED[key]
-        native = native_signature(cls.__call__)
+        # The release's own signature, beneath any shim's advertised one: the native call below reaches a rule shim
+        # only to pass through it (declared.NATIVE_CALL), so it must get only what the release itself takes.
+        native = native_signature(original_beneath(_call_entry(cls)))
         advertised = advertised_signature(native, k)
         where = f"{cls.__qualname__}.__call__"
+        marks_maxtext = callers.maxtext_code(cls)
+        native_call_var = callers.NATIVE_CALL
 
         def native_call(module: Any, kw: dict[str, Any]) -> Any:
-            call = cls.__call__  # looked up per call: backport hooks may be installed since
-            if not rule_shims_made():  # read after the lookup: a rule shim written since was made before it
-                return call(module, **kw)  # no rule shim exists in this process: nothing to tell one
-            token = RULE_APPLIED.set(id(module))  # a rule shim further down passes this call through
+            token = native_call_var.set((id(module), marks_maxtext))  # a rule shim on the way passes it through
             try:
-                return call(module, **kw)
+                return cls.__call__(module, **kw)  # looked up per call: a shim may be installed or removed since
             finally:
-                RULE_APPLIED.reset(token)
+                native_call_var.reset(token)
 
         site = CallSite(k, r, native, advertised, where, write_path=WRITE_PATH)
-        # One read of cls.__call__ per call: the decision and the call agree. is_rule_wrapper is this module's
-        # name (looked up when the entry changes), so a test can stand in for it to replay an uninstall race.
-        rule_shim = RuleShimOf(cls, lambda raw: is_rule_wrapper(raw))
 
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            shim = rule_shim()
-            if shim is not None:  # the vllm-backport shim already applies the rule to this class
-                return call_rule_wrapper(shim, self, cls, args, kwargs)
             return call_rule(site, self, native_call, args, kwargs)
 
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *advertised.parameters.values()]

@@ -26,7 +26,6 @@ from maxtext_compat.contract import checked
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import CALLER_CONVENTIONS, MaxTextRow
-from maxtext_compat.switches import env
 
 ENV = "MAXTEXT_COMPAT_CONVENTION"
 AUTO, LEGACY, KV_RETURN = CALLER_CONVENTIONS
@@ -77,8 +76,8 @@ def set_caller_convention(value: str | None, *, source: str = "set_caller_conven
 
 
 def process_convention() -> Declared | None:
-    with _lock:
-        return _process[0] if _process else None
+    process = _process[:1]  # one read (a concurrent set_caller_convention swaps the list's contents)
+    return process[0] if process else None
 
 
 @contextmanager
@@ -101,20 +100,9 @@ def caller_convention(value: str) -> Iterator[Declared]:
 
 def from_environment() -> Declared | None:
     raw = os.environ.get(ENV)
-    if raw is None or raw == "":
+    if not raw:
         return None
-    return Declared(check(raw, ENV), f"${ENV}")
-
-
-def layers(row: MaxTextRow | None) -> list[Declared]:
-    """Every declaration that applies outside a wrap(), most specific first, ending with the default."""
-    found = [_scope.get(), process_convention(), from_environment()]
-    out = [d for d in found if d is not None]
-    if row is not None:
-        out.append(Declared(row.callers, f"compat_matrix.yaml row {row.name} (callers:)"))
-    else:
-        out.append(Declared(AUTO, "default"))
-    return out
+    return _cached(("env", raw), lambda: Declared(check(raw, ENV), f"${ENV}"))
 
 
 def row_declaration(row: MaxTextRow) -> Declared:
@@ -122,23 +110,30 @@ def row_declaration(row: MaxTextRow) -> Declared:
     return Declared(row.callers, f"compat_matrix.yaml row {row.name} (callers:)")
 
 
-def declared(row: MaxTextRow | None, module_value: str | None = None, row_default: Declared | None = None) -> Declared:
-    """The convention in force for a call from user code on `row` (module_value: wrap(convention=)).
+_DEFAULT = Declared(AUTO, "default")
+# The one precedence outside a wrap(), most specific first; the matrix row's `callers:` (or the default) ends it.
+_SOURCES: tuple[Callable[[], Declared | None], ...] = (_scope.get, process_convention, from_environment)
 
-    `layers(row)[0]`, without building the other layers: every adapter call asks."""
+
+def layers(row: MaxTextRow | None) -> list[Declared]:
+    """Every declaration that applies outside a wrap(), most specific first, ending with the default."""
+    out = [d for d in (source() for source in _SOURCES) if d is not None]
+    out.append(_DEFAULT if row is None else row_declaration(row))
+    return out
+
+
+def declared(row: MaxTextRow | None, module_value: str | None = None, row_default: Declared | None = None) -> Declared:
+    """The convention in force for a call from user code on `row` (module_value: wrap(convention=)): the
+    wrap()'s, else `layers(row)[0]` without building the others. row_default: `row_declaration(row)`, made once
+    by the call site (every adapter call asks)."""
     if module_value is not None:
         return _cached(("wrap", module_value), lambda: Declared(module_value, "wrap(convention=)"))
-    found = _scope.get()
-    if found is not None:
-        return found
-    process = _process[:1]  # one read (a concurrent set_caller_convention swaps the list's contents)
-    if process:
-        return process[0]
-    raw = env(ENV)
-    if raw:
-        return _cached(("env", raw), lambda: Declared(check(raw, ENV), f"${ENV}"))
+    for source in _SOURCES:
+        found = source()
+        if found is not None:
+            return found
     if row is None:
-        return _cached(("default",), lambda: Declared(AUTO, "default"))
+        return _DEFAULT
     return row_default if row_default is not None else row_declaration(row)
 
 
@@ -156,6 +151,28 @@ def _cached(key: tuple[str, ...], make: Callable[[], Declared]) -> Declared:
 _BY_MAXTEXT = Declared(NATIVE, "a call made by MaxText itself")
 _BY_US = Declared(AUTO, "a call made by maxtext-compat itself")
 
+# The module a call site (an adapter or a rule shim) is running natively right now: (id of the module, whether
+# the code that runs is MaxText's). Set around every native call, so whatever that code calls is known to be
+# MaxText's own call without looking at the stack, and a rule shim met on the way for the same module (under an
+# adapter, or under another profile's wrapper) passes the call through: the rule is applied once.
+NATIVE_CALL: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar(
+    "maxtext_compat_native_call", default=None
+)
+
+
+def runs_natively(module: object) -> bool:
+    """Whether a call site is running `module` natively in this call (the rule is already applied to it)."""
+    running = NATIVE_CALL.get()
+    return running is not None and running[0] == id(module)
+
+
+def maxtext_code(cls: type) -> bool:
+    """Whether calling `cls` runs MaxText's code: the class that defines its `__call__` is MaxText's."""
+    for klass in cls.__mro__:
+        if "__call__" in klass.__dict__:
+            return klass.__module__.partition(".")[0] in _MAXTEXT
+    return False
+
 
 def for_call(row: MaxTextRow, module_value: str | None = None, row_default: Declared | None = None) -> Declared:
     """The convention for the call being made now.
@@ -163,22 +180,19 @@ def for_call(row: MaxTextRow, module_value: str | None = None, row_default: Decl
     MaxText's own calls get NATIVE: a call that names no KV argument runs exactly as the release
     runs it (whatever it returns); one that does follows the per-call rule, so its KV writes are
     checked. Calls made by maxtext-compat itself (serving, test helpers) follow the per-call rule.
-    row_default: `row_declaration(row)`, made once by the caller (every adapter call asks).
+    A call made while a call site runs MaxText's code natively is MaxText's (NATIVE_CALL); only the
+    outermost call looks at its caller's frames (MaxText's own engines, its vLLM adapter and decode
+    scripts call the model with no patched MaxText code around them).
+    row_default: `row_declaration(row)`, made once by the call site (every adapter call asks).
     """
+    running = NATIVE_CALL.get()
+    if running is not None and running[1]:
+        return _BY_MAXTEXT
     caller = _caller_library()
     if caller == "maxtext":
         return _BY_MAXTEXT
     if caller == "ours":
         return _BY_US
-    if module_value is None and row_default is not None:  # declared(), inlined: the common case of every call
-        found = _scope.get()
-        if found is not None:
-            return found
-        process = _process[:1]
-        if process:
-            return process[0]
-        if not env(ENV):
-            return row_default
     return declared(row, module_value, row_default)
 
 

@@ -9,14 +9,12 @@ answer for calls that name nothing.
 
 The rule sits below the paged KV cache, the kernel and the patching engine and imports none of them: a
 writing call's checks and the backport reach it as the `WritePath` its call site was built with
-(`maxtext_compat.write_path.WRITE_PATH`), and whether a class already carries a rule shim is the
-adapter's question (it asks the patching engine). What the rule owns is the state both deliveries share:
-whether a rule shim was made, and which module an adapter is applying the rule to right now.
+(`maxtext_compat.write_path.WRITE_PATH`). Both deliveries run the native call inside
+`declared.NATIVE_CALL`, which says what is MaxText's own call and keeps the rule from applying twice.
 """
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,25 +31,7 @@ from maxtext_compat.errors import ConventionMismatchError, InvalidArgumentError,
 from maxtext_compat.matrix import MaxTextRow
 
 TRAIN = names.TRAIN
-# The module whose call the adapter is running natively right now: a rule shim met on the way (one stacked
-# under another profile's wrapper, which the adapter's shim lookup cannot see) must not apply the rule again.
-RULE_APPLIED: contextvars.ContextVar[int] = contextvars.ContextVar("maxtext_compat_rule_applied", default=0)
 _UNREAD = object()
-_RULE_SHIMS = [False]  # whether a rule shim was ever made in this process (then RULE_APPLIED is worth setting)
-
-
-def made_a_rule_shim() -> None:
-    """Called by a rule shim's factory before its wrapper is written (shims.maxtext_profiles)."""
-    _RULE_SHIMS[0] = True
-
-
-def rule_shims_made() -> bool:
-    return _RULE_SHIMS[0]
-
-
-def rule_applied_to(module: Any) -> bool:
-    """Whether an adapter is applying the call rule to `module` in this call (the shim then passes through)."""
-    return RULE_APPLIED.get() == id(module)
 
 
 class WritePath(Protocol):

@@ -32,7 +32,14 @@ the MRO), `conflicts` (refuse foreign patches), `aliases` (the alias sweep), `wr
 
 from maxtext_compat.patching.settings import Setting
 from maxtext_compat.patching.spec import Original, PatchSpec, add_keyword_params
-from maxtext_compat.patching.state import LOCK, MARKER, InstalledLayer, installed_layers, layer_of
+from maxtext_compat.patching.state import (
+    LOCK,
+    MARKER,
+    InstalledLayer,
+    installed_layers,
+    layer_of,
+    original_beneath,
+)
 from maxtext_compat.patching.targets import import_modules
 from maxtext_compat.patching.transaction import PatchSet, apply, check_removable, drift, remove
 
@@ -51,5 +58,6 @@ __all__ = [
     "import_modules",
     "installed_layers",
     "layer_of",
+    "original_beneath",
     "remove",
 ]

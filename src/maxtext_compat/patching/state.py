@@ -149,6 +149,16 @@ def layer_of(obj: Any) -> InstalledLayer | None:
     return InstalledLayer(layer.profile, layer.target, layer.shim, layer.function)
 
 
+def original_beneath(obj: Any) -> Any:
+    """What `obj`, an entry read from a class or module dict, runs beneath every layer of ours stacked on it
+    (`obj` itself when it is not ours): the release's own function, whose signature a caller must follow."""
+    layer = layer_of(obj)
+    while layer is not None:
+        obj = layer.shim.__wrapped__
+        layer = layer_of(obj)
+    return obj
+
+
 def installed_layers() -> tuple[InstalledLayer, ...]:
     """Every layer this copy of the library has installed in this process (the ledger `doctor` reads)."""
     unique = {id(layer): layer for layer in list(REGISTRY.layers.values())}

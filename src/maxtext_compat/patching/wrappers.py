@@ -1,4 +1,5 @@
-"""Our wrapt wrapper objects: the shim, its signature override, and a cache of built ones."""
+"""Our wrapt wrapper objects (the shim, with the signature it advertises when a spec gives one), and a cache of
+built ones. Only wrapt's public classes: `FunctionWrapper` and `BoundFunctionWrapper`, subclassed."""
 
 from __future__ import annotations
 
@@ -31,41 +32,43 @@ class _ShimWrapper(wrapt.FunctionWrapper):
     __bound_function_wrapper__ = _ShimBoundWrapper
 
 
-def public_with_signature(shim: Any, sig: inspect.Signature) -> Any:
-    """The signature override through wrapt's public API only (the fallback seam).
-
-    Its limit: the bound form has no `__func__` of ours, so Linen's unbind path reaches the original
-    method; the private-class version below keeps the patch there too."""
-    return wrapt.with_signature(signature=sig)(shim)
+class _ShimBoundSignatureWrapper(_ShimBoundWrapper):
+    @property
+    def __signature__(self) -> inspect.Signature:  # a staticmethod's bound form (a method's goes through __func__)
+        return self._self_parent._self_signature  # type: ignore[no-any-return]
 
 
-try:  # wrapt >= 2.2: a signature override whose bound form keeps the patch on Linen's unbind path too
-    from wrapt.signature import (
-        _NO_DOC_OVERRIDE,
-        _BoundSignatureFunctionWrapper,
-        _SignatureFunctionSurrogate,
-        _SignatureFunctionWrapper,
-    )
+class _SignatureSurrogate(wrapt.CallableObjectProxy):
+    """The `__func__` of a wrapper advertising a signature (a staticmethod's or classmethod's function, as a
+    stacked profile's target reads it): calls go to our wrapper, `inspect.signature` reads the advertised one."""
 
-    class _ShimBoundSignatureWrapper(_BoundSignatureFunctionWrapper):
-        @property
-        def __func__(self) -> Any:
-            parent = self._self_parent
-            return _SignatureFunctionSurrogate(parent, parent._self_signature)
+    def __init__(self, wrapped: Any, signature: inspect.Signature) -> None:
+        super().__init__(wrapped)
+        self._self_signature = signature
 
-    class _ShimSignatureWrapper(_SignatureFunctionWrapper):
-        __bound_function_wrapper__ = _ShimBoundSignatureWrapper
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return self._self_signature  # type: ignore[no-any-return]
 
-    def _with_signature(shim: Any, sig: inspect.Signature) -> Any:
-        def passthrough(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-            return wrapped(*args, **kwargs)
 
-        return _ShimSignatureWrapper(shim, passthrough, sig, _NO_DOC_OVERRIDE)
+class _ShimSignatureWrapper(_ShimWrapper):
+    """Our wrapper advertising the parameters the patch adds (`inspect.signature`, which tpu-inference and vLLM's
+    `supports_kw` read): one object, so a patched call pays for one wrapper. A bound method's signature is read
+    through `__func__`, which is this object (Linen's unbind path included), with `self` dropped by `inspect`."""
 
-    PRIVATE_SEAM = True
-except ImportError:  # a wrapt without the private classes: the public API (tests/unit: test_wrapt_seam)
-    _with_signature = public_with_signature
-    PRIVATE_SEAM = False
+    __bound_function_wrapper__ = _ShimBoundSignatureWrapper
+
+    def __init__(self, wrapped: Any, wrapper: Any, signature: inspect.Signature, **kwargs: Any) -> None:
+        super().__init__(wrapped, wrapper, **kwargs)
+        self._self_signature = signature
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return self._self_signature  # type: ignore[no-any-return]
+
+    @property
+    def __func__(self) -> Any:
+        return _SignatureSurrogate(self, self._self_signature)
 
 
 # (id(spec), id(raw original), profile) -> (spec, raw, shim, wrapper). Why: re-installing the same
@@ -107,10 +110,12 @@ def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[An
     # Enabled only while installed: a copy taken after install (`from pkg.mod import f` while the
     # profile is active) still holds this object after uninstall, and must then run the original.
     written: list[Any] = []
-    shim = _ShimWrapper(original.raw, wrapper_fn, enabled=lambda: id(written[0]) in REGISTRY.layers)
+    enabled = lambda: id(written[0]) in REGISTRY.layers  # noqa: E731
+    if spec.signature is None:
+        shim = _ShimWrapper(original.raw, wrapper_fn, enabled=enabled)
+    else:
+        shim = _ShimSignatureWrapper(original.raw, wrapper_fn, _signature(spec, original), enabled=enabled)
     wrapper: Any = shim
-    if spec.signature is not None:
-        wrapper = _with_signature(shim, _signature(spec, original))
     written.append(wrapper)
     if len(REGISTRY.built) >= _BUILT_MAX:
         REGISTRY.built.clear()

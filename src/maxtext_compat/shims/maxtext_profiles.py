@@ -17,7 +17,7 @@ from maxtext_compat.backport.call import inner_call
 from maxtext_compat.backport.session import current
 from maxtext_compat.convention import declared as callers
 from maxtext_compat.convention.kinds import CLASS_KINDS
-from maxtext_compat.convention.rule import CallSite, call_rule, made_a_rule_shim, rule_applied_to
+from maxtext_compat.convention.rule import CallSite, call_rule
 from maxtext_compat.convention.signature import advertised_signature, native_signature
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow
@@ -51,26 +51,29 @@ def _unbound(wrapped: Any, instance: Any, args: tuple) -> tuple[Any, Any, tuple]
 
 def _rule_factory(kind: str, row: MaxTextRow) -> Any:
     def factory(original: Any) -> Any:
-        made_a_rule_shim()  # before the wrapper is written: adapters mark their native calls from now on
         native = native_signature(original.function)
         where = f"{getattr(original.owner, '__qualname__', original.owner)}.__call__"
         site = CallSite(kind, row, native, advertised_signature(native, kind), where, deprecation=False,
                         write_path=WRITE_PATH)  # fmt: skip
+        native_call_var = callers.NATIVE_CALL
 
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             call, module, args = _unbound(wrapped, instance, args)
-            if rule_applied_to(module):  # an adapter applies the rule to this very call: once is enough
+            if callers.runs_natively(module):  # the rule is applied to this very call already (an adapter's)
                 return call(*args, **kwargs)
             session = current()
             if session is not None and session.route:
                 return inner_call(kind, call, args, kwargs, where)
 
             def native_call(m: Any, kw: dict[str, Any]) -> Any:
-                return call(**kw)
+                token = native_call_var.set((id(m), True))  # what MaxText's code calls now is MaxText's own call
+                try:
+                    return call(**kw)
+                finally:
+                    native_call_var.reset(token)
 
             return call_rule(site, module, native_call, args, kwargs)
 
-        setattr(wrapper, names.CALL_RULE_MARKER, True)  # an adapter over this class lets it apply the rule
         return wrapper
 
     return factory
