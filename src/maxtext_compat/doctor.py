@@ -104,7 +104,7 @@ def _traced_before_install() -> dict[str, list[str]]:
 
 def _caller_convention(res: Resolution | None) -> dict[str, Any]:
     """The caller convention in force outside any wrap(), where it came from, and what it overrides."""
-    from maxtext_compat.convention import declared as callers
+    from maxtext_compat.convention import callers
 
     try:
         found = callers.layers(None if res is None else res.maxtext)
@@ -136,10 +136,10 @@ def _rpa_kernel() -> dict[str, Any]:
 
 def _shims() -> list[dict[str, Any]]:
     """Every shim of this process the same way: registered, installed, or asked for and why it did nothing."""
-    from maxtext_compat import shims  # registers MaxText's own shims, as any use of the profile API does
     from maxtext_compat.patching import shim
+    from maxtext_compat.shims import maxtext_profiles
 
-    shims.registered_profiles()
+    maxtext_profiles.register()  # MaxText's own shims are listed before anything asked for one (idempotent)
     return [s.as_dict() for s in shim.statuses()]
 
 

@@ -14,7 +14,7 @@ more than once per process. Each call, once per process:
    MAXTEXT_COMPAT_VLLM_MODEL=maxtext (0.2.x only; used to compare the two).
 Absent tpu-inference or MaxText: log and skip (vLLM swallows plugin import errors but not errors
 raised by `register()`; a missing package must not stop a server of some other model). A MaxText
-release no backend serves (0.1.0 before the backport backend exists): the class is registered and
+release no backend serves (0.1.0 before the legacy backend exists): the class is registered and
 its construction raises that typed error, so only a MaxText model fails, loudly. Other errors of a
 present stack (a CPU shim that cannot install, a broken shim profile) are raised at start-up.
 """
@@ -269,12 +269,12 @@ def _carry_settings_to_other_hosts() -> None:
     try:
         from vllm.platforms import current_platform
 
-        names = type(current_platform).additional_env_vars
+        carried = type(current_platform).additional_env_vars
     except (ImportError, AttributeError, RuntimeError) as exc:
         log.debug("maxtext_compat plugin: no additional_env_vars to extend (%s)", exc)
         return
-    if isinstance(names, list):
-        names.extend(n for n in ENV_NAMES if n not in names)
+    if isinstance(carried, list):
+        carried.extend(n for n in ENV_NAMES if n not in carried)
 
 
 def _row_shims(rt: ServingRuntime) -> list[Any]:

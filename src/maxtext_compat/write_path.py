@@ -184,7 +184,7 @@ class WritePath:
         if row.has_kv_params:
             for_release(t, METADATA)
 
-    def backport(
+    def legacy_call(
         self, module: Any, native_call: Callable[..., Any], kind: str, row: MaxTextRow, t: Translated,
         writes: bool, where: str,
     ) -> Any:  # fmt: skip

@@ -28,7 +28,7 @@ jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
 from maxtext_compat import shims  # noqa: E402
-from maxtext_compat.convention.declared import set_caller_convention  # noqa: E402
+from maxtext_compat.convention.callers import set_caller_convention  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()

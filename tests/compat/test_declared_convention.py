@@ -19,7 +19,7 @@ nnx = pytest.importorskip("flax.nnx")
 nn = pytest.importorskip("flax.linen")
 
 from maxtext_compat.adapters import wrap  # noqa: E402
-from maxtext_compat.convention import declared as callers  # noqa: E402
+from maxtext_compat.convention import callers  # noqa: E402
 from maxtext_compat.errors import ConventionMismatchError  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 

@@ -23,7 +23,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from maxtext_compat import paged, shims  # noqa: E402
-from maxtext_compat.convention.declared import set_caller_convention  # noqa: E402
+from maxtext_compat.convention.callers import set_caller_convention  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 AR_STEPS = 3

@@ -40,7 +40,7 @@ from helpers.fake_modules import make_module
 from helpers.shipped import shipped_matrix
 from maxtext_compat import shims, vllm_plugin
 from maxtext_compat.adapters.wrapper import adapted_class
-from maxtext_compat.convention import declared, policy
+from maxtext_compat.convention import callers, policy
 from maxtext_compat.cpu import rpa as cpu_rpa
 from maxtext_compat.cpu import serving as cpu_serving
 from maxtext_compat.installed import installed_resolution
@@ -88,8 +88,8 @@ def _setup() -> list[tuple[str, Callable[[], object]]]:
         policy.set_deprecation_policy("warn")
         policy.set_strict(None)
         policy.set_deprecation_policy(None)
-        declared.set_caller_convention("legacy")
-        declared.set_caller_convention(None)
+        callers.set_caller_convention("legacy")
+        callers.set_caller_convention(None)
 
     def adapters() -> None:  # a new class each time: built under the adapters' lock
         adapted_class(type(f"Attention{next(number)}", (), {"__call__": namespace["__call__"]}), row=row)

@@ -142,7 +142,7 @@ def _shims(convention: str) -> Iterator[None]:
     """What a user of MaxText's own classes installs: the release's default profile with the caller convention
     (`legacy` for old code, `kv_return` for new), the call rule into Attention, the layers and the Transformer."""
     from maxtext_compat import shims
-    from maxtext_compat.convention import declared
+    from maxtext_compat.convention import callers
 
     before = shims.active_profiles()
     shims.install(convention=convention)
@@ -153,7 +153,7 @@ def _shims(convention: str) -> Iterator[None]:
         for name in reversed(shims.active_profiles()):
             if name not in before:
                 shims.uninstall(name)
-        declared.set_caller_convention(None)
+        callers.set_caller_convention(None)
 
 
 def _leaves(tree: Any) -> list[np.ndarray]:

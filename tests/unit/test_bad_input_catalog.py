@@ -132,6 +132,13 @@ def policy_row(policy: str) -> dict[str, Any]:
     return {"deprecation": dataclasses.replace(matrix().row("0.2.5").deprecation, policy=policy, ends_in="0.9.0")}
 
 
+def set_interpret_mode(mode: Any) -> None:
+    from maxtext_compat.kernel import interpret
+
+    previous = interpret.set_interpret_mode(mode)
+    interpret.set_interpret_mode(previous)  # not reached when refused; put back if it ever were
+
+
 def mesh_limits(tp: int, *, jax_version: str, num_kv_heads: int | None = None) -> None:
     from maxtext_compat.kernel import mesh_limits
 
@@ -485,6 +492,9 @@ CASES: list[Case] = [
          "tensor parallelism 4 over 2 KV heads on CPU (interpret mode), jax 0.10.2",
          lambda: mesh_limits(4, jax_version="0.10.2", num_kv_heads=2), KernelUnavailableError,
          ("[mesh]", "deadlocks", "each held 2 times"), "use tensor parallelism <= 2, or jax >= 0.11.2"),
+    Case("interpret-mode-not-callable", "shims", "`kernel.interpret.set_interpret_mode(a context, not its factory)`",
+         lambda: set_interpret_mode(contextlib.nullcontext()), InvalidArgumentTypeError,
+         ("[mode]", "not callable", "nullcontext"), "pass the function that returns the context"),
     # -- paged cache ---------------------------------------------------------------------------------------------
     Case("page-size-vs-packing", "paged cache", "page_size 15 for a bfloat16 cache (packing 2)",
          lambda: layout(page_size=15, dtype="bfloat16"), InvalidArgumentError, ("[page_size]", "multiple of 2"),

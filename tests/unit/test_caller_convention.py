@@ -1,6 +1,6 @@
 """The declared caller convention: values checked at the edge, the order of declarations, who it reaches.
 
-No jax here: the declaration layer (maxtext_compat.convention.declared) and its reporting are plain Python; the
+No jax here: the declaration layer (maxtext_compat.convention.callers) and its reporting are plain Python; the
 real-model behaviour is in tests/compat/test_declared_convention.py.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from maxtext_compat import doctor
-from maxtext_compat.convention import declared as callers
+from maxtext_compat.convention import callers
 from maxtext_compat.errors import InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import load_matrix
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from helpers.shipped import shipped_matrix
 from maxtext_compat import switches
-from maxtext_compat.convention import declared as callers
+from maxtext_compat.convention import callers
 from maxtext_compat.convention.binding import make_binder
 from maxtext_compat.convention.signature import advertised_signature
 

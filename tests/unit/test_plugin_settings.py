@@ -39,12 +39,12 @@ def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_registry_names_every_setting_the_serving_path_reads() -> None:
     from maxtext_compat import platforms
-    from maxtext_compat.convention import declared, policy
+    from maxtext_compat.convention import callers, policy
     from maxtext_compat.matrix.values import MATRIX_ENV_VAR
     from maxtext_compat.serving_fixes import request_defects as serving_requests
 
     names = set(settings.ENV_NAMES)
-    readers = {declared.ENV, policy.POLICY_ENV, policy.STRICT_ENV, MATRIX_ENV_VAR, platforms.KERNEL_ENV,
+    readers = {callers.ENV, policy.POLICY_ENV, policy.STRICT_ENV, MATRIX_ENV_VAR, platforms.KERNEL_ENV,
                platforms.DISABLE_ENV, platforms.HBM_ENV, serving_requests.DISABLE_ENV, settings.MODEL_ENV,
                "MAXTEXT_COMPAT_TRACED_KV_CHECKS"}  # fmt: skip
     assert names == readers and len(names) == len(settings.SETTINGS)

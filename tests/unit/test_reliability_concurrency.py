@@ -31,7 +31,7 @@ from helpers.fake_modules import FakePackage, make_module
 from helpers.shipped import shipped_matrix
 from maxtext_compat import patching, shims
 from maxtext_compat.adapters.wrapper import adapted_class
-from maxtext_compat.convention import declared as caller_convention
+from maxtext_compat.convention import callers as caller_convention
 from maxtext_compat.matrix import ClassRef, MaxTextRow
 from maxtext_compat.patching import PatchSpec, ledger, profiles
 from maxtext_compat.shims import maxtext_profiles

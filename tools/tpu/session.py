@@ -60,13 +60,13 @@ def _native_again() -> None:
     caller convention) is removed first, and said (on the v5e the model stage's tests left `known-defects`
     installed)."""
     from maxtext_compat import shims
-    from maxtext_compat.convention import declared
+    from maxtext_compat.convention import callers
 
     left = shims.active_profiles()
     if left:
         print(f"[session] the tests left shim profiles installed: {left}; uninstalled before the bench", flush=True)
         shims.uninstall()
-    declared.set_caller_convention(None)
+    callers.set_caller_convention(None)
     assert not shims.active_profiles(), shims.active_profiles()
 
 

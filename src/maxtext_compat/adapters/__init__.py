@@ -18,7 +18,7 @@ from maxtext_compat._lazy import lazy_face
 
 if TYPE_CHECKING:
     from maxtext_compat.adapters.wrapper import adapted_class, wrap
-    from maxtext_compat.convention.declared import caller_convention, set_caller_convention
+    from maxtext_compat.convention.callers import caller_convention, set_caller_convention
     from maxtext_compat.convention.policy import set_deprecation_policy, set_strict, strict_mode
     from maxtext_compat.errors import ConventionMismatchError, KVCacheNotUpdatedError, OldConventionError
 
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "wrap": "adapters.wrapper",
     "adapted_class": "adapters.wrapper",
-    "caller_convention": "convention.declared",
-    "set_caller_convention": "convention.declared",
+    "caller_convention": "convention.callers",
+    "set_caller_convention": "convention.callers",
     "set_deprecation_policy": "convention.policy",
     "set_strict": "convention.policy",
     "strict_mode": "convention.policy",

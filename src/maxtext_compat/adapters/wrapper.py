@@ -16,7 +16,7 @@ import inspect
 from typing import Any
 
 from maxtext_compat.contract import checked
-from maxtext_compat.convention import declared as callers
+from maxtext_compat.convention import callers
 from maxtext_compat.convention.kinds import CLASS_KINDS, kind_named
 from maxtext_compat.convention.rule import CallSite, call_rule, is_row_class
 from maxtext_compat.convention.signature import advertised_signature, kind_from_signature, native_signature
@@ -89,7 +89,7 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
         if key in _ADAPTED:
             return _ADAPTED[key]
         # The release's own signature, beneath any shim's advertised one: the native call below reaches a rule shim
-        # only to pass through it (declared.NATIVE_CALL), so it must get only what the release itself takes.
+        # only to pass through it (callers.NATIVE_CALL), so it must get only what the release itself takes.
         native = native_signature(original_beneath(_call_entry(cls)))
         advertised = advertised_signature(native, k)
         where = f"{cls.__qualname__}.__call__"
@@ -144,7 +144,7 @@ def wrap(
     instance gives an adapted clone (Linen modules hold no parameters; init/apply as usual).
     deprecation / strict override the matrix row's policy and strict mode for this adapter.
     convention declares what the calling code expects ('legacy', 'kv_return' or 'auto'; see
-    maxtext_compat.convention.declared); it holds for every instance of a wrapped class.
+    maxtext_compat.convention.callers); it holds for every instance of a wrapped class.
 
     With MaxText installed, `wrap(attention)` of your own module is all it takes (the installed release's row is
     used); here a stand-in with a release's signature shows the rule without MaxText:

@@ -10,7 +10,7 @@ answer for calls that name nothing.
 The rule sits below the paged KV cache, the kernel and the patching engine and imports none of them: a
 writing call's checks and the backport reach it as the `WritePath` its call site was built with
 (`maxtext_compat.write_path.WRITE_PATH`). Both deliveries run the native call inside
-`declared.NATIVE_CALL`, which says what is MaxText's own call and keeps the rule from applying twice.
+`callers.NATIVE_CALL`, which says what is MaxText's own call and keeps the rule from applying twice.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from maxtext_compat import names
-from maxtext_compat.convention import declared as callers
-from maxtext_compat.convention import policy
+from maxtext_compat.convention import callers, policy
 from maxtext_compat.convention.binding import NEW, OLD, make_fast_call
 from maxtext_compat.convention.kinds import KINDS, Kind, kind_named
 from maxtext_compat.convention.returns import is_scan_carry
@@ -42,7 +41,7 @@ class WritePath(Protocol):
         metadata in the form the release's own vLLM path reads; a typed error before anything runs."""
         ...
 
-    def backport(
+    def legacy_call(
         self, module: Any, native_call: Callable[..., Any], kind: str, row: MaxTextRow, t: Translated,
         writes: bool, where: str,
     ) -> Any:  # fmt: skip
@@ -185,7 +184,7 @@ def call_rule(
     if site.has_kv_params:
         result = k.new_return(native_call(self, t.kwargs))
     else:
-        result = site.write_path.backport(self, native_call, kind, row, t, writes, where)
+        result = site.write_path.legacy_call(self, native_call, kind, row, t, writes, where)
     if writes and policy.effective_strict(self.__dict__.get("_mc_strict")):
         _check_kv(k, t.kv, result, where)
     return result

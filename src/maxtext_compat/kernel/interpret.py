@@ -11,6 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from maxtext_compat.errors import InvalidArgumentTypeError
 from maxtext_compat.locks import fork_safe_lock
 
 InterpretMode = Callable[[], AbstractContextManager[None]]
@@ -21,6 +22,14 @@ _MODE: list[InterpretMode | None] = [None]
 
 def set_interpret_mode(mode: InterpretMode | None) -> InterpretMode | None:
     """Install (or, with None, remove) the context the kernel is traced in on CPU devices; returns the previous."""
+    if mode is not None and not callable(mode):
+        raise InvalidArgumentTypeError(
+            "the interpret mode is not callable",
+            argument="mode",
+            expected="None, or a callable returning a context manager (maxtext_compat.cpu.rpa's pallas interpreter)",
+            found=f"{type(mode).__name__} {mode!r}"[:200],
+            fix="pass the function that returns the context (not the context itself), or None to remove it",
+        )
     with _LOCK:
         previous, _MODE[0] = _MODE[0], mode
         return previous

@@ -18,7 +18,7 @@ MATRIX_ENV_VAR = "MAXTEXT_COMPAT_MATRIX"
 Convention = Literal["legacy", "kv_return", "kv_scan_carry"]
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 # What the code *calling* MaxText expects: `auto` decides per call by what the caller wrote,
-# `legacy` always wants the old return, `kv_return` always the new one (see maxtext_compat.convention.declared).
+# `legacy` always wants the old return, `kv_return` always the new one (see maxtext_compat.convention.callers).
 CallerConvention = Literal["auto", "legacy", "kv_return"]
 CALLER_CONVENTIONS: tuple[CallerConvention, ...] = get_args(CallerConvention)
 Policy = Literal["ignore", "warn", "error"]

@@ -215,7 +215,7 @@ def install(
     targets someone else already wrapped instead of raising PatchConflictError. Returns
     None only when the chooser decided no shim is needed. `convention` declares what this
     process's code expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see
-    maxtext_compat.convention.declared) until the profile is uninstalled.
+    maxtext_compat.convention.callers) until the profile is uninstalled.
 
     >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
     >>> patch_set = shims.install("empty"); assert shims.install("empty") is patch_set  # idempotent

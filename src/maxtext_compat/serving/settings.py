@@ -72,7 +72,7 @@ def _cpu_hbm(raw: str) -> object:
 
 
 def _convention(raw: str) -> object:
-    from maxtext_compat.convention.declared import ENV, check
+    from maxtext_compat.convention.callers import ENV, check
 
     return check(raw, ENV)
 

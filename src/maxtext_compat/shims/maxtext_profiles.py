@@ -15,7 +15,7 @@ from typing import Any
 from maxtext_compat import names
 from maxtext_compat.backport.call import inner_call
 from maxtext_compat.backport.session import current
-from maxtext_compat.convention import declared as callers
+from maxtext_compat.convention import callers
 from maxtext_compat.convention.kinds import CLASS_KINDS
 from maxtext_compat.convention.rule import CallSite, call_rule
 from maxtext_compat.convention.signature import advertised_signature, native_signature

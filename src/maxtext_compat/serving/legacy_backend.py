@@ -26,8 +26,8 @@ from typing import Any
 
 from maxtext_compat import names
 from maxtext_compat.errors import ServingConfigError, ServingError
-from maxtext_compat.serving import backport_mesh as serving_mesh
-from maxtext_compat.serving import backport_params as serving_params
+from maxtext_compat.serving import legacy_mesh as serving_mesh
+from maxtext_compat.serving import legacy_params as serving_params
 from maxtext_compat.serving.backend import StepOutput
 from maxtext_compat.serving.nnx_backend import NNXTransformerBackend
 
@@ -47,8 +47,8 @@ SERVING_DEFAULTS: dict[str, Any] = {
 }
 
 
-class BackportServingBackend(NNXTransformerBackend):
-    name = "backport"
+class LegacyBackend(NNXTransformerBackend):
+    name = "legacy"
 
     # ---------------------------------------------------------------- helpers
 
