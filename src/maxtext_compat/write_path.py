@@ -55,7 +55,7 @@ def check_caches(kind: Kind, module: Any, t: Translated, where: str) -> list[Any
                 found=f"a {type(kv).__name__} of {len(kv)}",
                 fix=f"pass this layer's cache: {name}=caches[layer_index]",
             )
-        return [kv]
+        return [_array(kv, name, where)]
     if not isinstance(kv, (list, tuple)):
         raise InvalidArgumentTypeError(
             f"{where} takes one KV cache per decoder layer, as a list",
@@ -73,7 +73,20 @@ def check_caches(kind: Kind, module: Any, t: Translated, where: str) -> list[Any
             found=f"{len(kv)} caches",
             fix=f"pass exactly one KV cache per decoder layer; {ALLOCATE}",
         )
-    return list(kv)
+    return [_array(c, f"{name}[{i}]", where) for i, c in enumerate(kv)]
+
+
+def _array(cache: Any, argument: str, where: str) -> Any:
+    """`cache` when it is an array (a shape and a dtype): what a paged write is written into."""
+    if not _is_array(cache):
+        raise InvalidArgumentTypeError(
+            f"{where}: a KV cache to write must be an array",
+            argument=argument,
+            expected="an array [pages, page_size, combined heads, packing, lanes]",
+            found=describe(cache),
+            fix=ALLOCATE,
+        )
+    return cache
 
 
 def check_layouts(module: Any, arrays: list[tuple[int, Any]], name: str, where: str, per_layer: bool) -> None:
@@ -123,7 +136,7 @@ def for_release(t: Translated, md_name: str) -> None:
     """Our RaggedMetadata as what a release's own vLLM path reads (tpu-inference's AttentionMetadata); called on
     releases with the KV parameters (the backport reads ours itself)."""
     md = t.kwargs.get(md_name)
-    if md is None or isinstance(md, str):
+    if md is None:
         return
     if isinstance(md, RaggedMetadata):
         t.kwargs[md_name] = md.to_attention_metadata()
@@ -133,20 +146,13 @@ def for_release(t: Translated, md_name: str) -> None:
         }
 
 
-def check_new_call(kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> bool:
-    """All of the above, in one order for every release (see the module docstring). Returns whether any cache is
-    an array (else stand-ins, a test's strings: the value checks that follow have nothing to read)."""
-    kv = t.kv
-    if not kind.per_layer and not isinstance(kv, (list, tuple)) and not _is_array(kv):
-        return False  # one stand-in (a test's string): nothing here to check
+def check_new_call(kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> None:
+    """All of the above, in one order for every release (see the module docstring)."""
     caches = check_caches(kind, module, t, where)
-    arrays = [(i, c) for i, c in enumerate(caches) if _is_array(c)]
-    if arrays and not row.has_kv_params:
+    if not row.has_kv_params:
         installed_rpa()  # the backport runs the kernel itself: no tpu-inference is the first thing to say
-    if arrays:
-        check_layouts(module, arrays, kind.kv_name, where, kind.per_layer)
-        check_metadata_form(t.metadata, where)
-    return bool(arrays)
+    check_layouts(module, list(enumerate(caches)), kind.kv_name, where, kind.per_layer)
+    check_metadata_form(t.metadata, where)
 
 
 def check_kv_writes(kind: Kind, t: Translated, where: str) -> None:
@@ -179,8 +185,8 @@ class WritePath:
 
     def prepare(self, kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> None:
         """The checks of a writing call, then its metadata as the release's own vLLM path reads it."""
-        if check_new_call(kind, module, row, t, where):  # array caches: what they are written with
-            check_kv_writes(kind, t, where)
+        check_new_call(kind, module, row, t, where)
+        check_kv_writes(kind, t, where)  # where the array caches are written
         if row.has_kv_params:
             for_release(t, METADATA)
 

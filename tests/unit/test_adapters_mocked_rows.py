@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from helpers.fake_write_path import checkless_write_path  # noqa: F401  (a fixture)
 from helpers.shipped import shipped_matrix
 from maxtext_compat.adapters.wrapper import adapted_class
 from maxtext_compat.convention import policy
@@ -49,6 +50,13 @@ LLAMA_SIGS = {
 }
 LLAMA_SIGS["0.2.1"] = LLAMA_SIGS["0.2.0"]
 LLAMA_SIGS["0.2.4"] = LLAMA_SIGS["0.2.5"] = LLAMA_SIGS["0.2.3"]
+
+
+@pytest.fixture(autouse=True)
+def _routing_only(checkless_write_path):  # noqa: F811
+    """The fakes' strings stand in for caches and metadata: the write path records them (no jax here to check
+    arrays with); a real cache's checks are tests/compat's."""
+    return checkless_write_path
 
 
 @dataclasses.dataclass
@@ -109,11 +117,13 @@ def test_old_call_is_made_by_keyword_and_returns_out(release):
 
 
 @pytest.mark.parametrize("release", [r for r in RELEASES if r != "0.1.0"])
-def test_new_call_forwards_cache_and_metadata_and_returns_both(release):
+def test_new_call_forwards_cache_and_metadata_and_returns_both(release, _routing_only):
     _, cls = attention(release)
     a = cls()
     out, kv = a("x", "x", "pos", None, model_mode="autoregressive", kv_cache="KV", attention_metadata="MD")
     assert (out, kv) == ("OUT", "KV+written")
+    (checked,) = _routing_only.prepared  # the writing call went through the write path's checks first
+    assert checked.kv == "KV" and checked.metadata == "MD"
     assert a.calls[0]["kv_cache"] == "KV" and a.calls[0]["attention_metadata"] == "MD"
     assert a.calls[0]["model_mode"] == "autoregressive"
 

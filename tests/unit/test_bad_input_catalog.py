@@ -148,9 +148,11 @@ def mesh_limits(tp: int, *, jax_version: str, num_kv_heads: int | None = None) -
 def strict_dropped() -> Any:
     from maxtext_compat.adapters.wrapper import adapted_class
     from maxtext_compat.convention import policy
+    from maxtext_compat.testing.checkless import checkless_calls
 
     dropping = native("attention", "0.2.5", returns="'OUT', None")  # the layer loses the cache it was given
-    layer = adapted_class(dropping, row=matrix().row("0.2.5"), kind="attention")()
+    with checkless_calls():  # strings stand in for the cache and metadata: no arrays to check here
+        layer = adapted_class(dropping, row=matrix().row("0.2.5"), kind="attention")()
     with policy.strict_mode():
         return layer("x", "x", model_mode="autoregressive", kv_cache="KV", attention_metadata="MD")
 
@@ -474,6 +476,12 @@ CASES: list[Case] = [
     Case("unknown-kind", "adapters", "`adapted_class(cls, kind='attn')`",
          lambda: adapted(native("attention", "0.2.5"), kind="attn"), InvalidArgumentError, ("[kind]", "attn"),
          "kind='attention'"),
+    Case("kv-cache-not-an-array", "adapters", "a writing new call whose `kv_cache=` is not an array",
+         lambda: adapter("attention", "0.2.5")("x", "x", kv_cache="KV", attention_metadata="MD", **NEW),
+         InvalidArgumentTypeError, ("[kv_cache]", "must be an array", "'KV'"), "KVCacheLayout(...).allocate"),
+    Case("kv-caches-entry-not-an-array", "adapters", "a writing Transformer call whose `kv_caches=` holds a None",
+         lambda: transformer_with_attention("vllm_rpa")("t", "p", kv_caches=[None], attention_metadata="MD", **NEW),
+         InvalidArgumentTypeError, ("[kv_caches[0]]", "must be an array"), "KVCacheLayout(...).allocate"),
     Case("strict-cache-dropped", "adapters", "strict mode: the layer returns no KV cache to a new call",
          strict_dropped, KVCacheNotUpdatedError, ("[kv_cache]", "no KV cache"), "maxtext_compat.shims.install()"),
     # -- shims -------------------------------------------------------------------------------------------------

@@ -362,7 +362,7 @@ def test_convention_case_adapts_a_fake_with_its_rows_signature():
 
     adapted = cases["kv_scan_carry"].adapted_class(Attention, kind="attention")
     assert adapted()("x", "x", model_mode="train") == "OUT"  # the old call gets the old return
-    assert adapted()("x", "x", model_mode="autoregressive", kv_cache="KV", attention_metadata="MD") == ("OUT", "KV")
+    assert adapted()("x", "x", model_mode="train", kv_cache="KV", attention_metadata="MD") == ("OUT", "KV")
 
 
 def test_batches_continue_requests_and_keep_token_counts():

@@ -160,12 +160,6 @@ NATIVE_CALL: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.Conte
 )
 
 
-def runs_natively(module: object) -> bool:
-    """Whether a call site is running `module` natively in this call (the rule is already applied to it)."""
-    running = NATIVE_CALL.get()
-    return running is not None and running[0] == id(module)
-
-
 def maxtext_code(cls: type) -> bool:
     """Whether calling `cls` runs MaxText's code: the class that defines its `__call__` is MaxText's."""
     for klass in cls.__mro__:

@@ -56,14 +56,20 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
         site = CallSite(kind, row, native, advertised_signature(native, kind), where, deprecation=False,
                         write_path=WRITE_PATH)  # fmt: skip
         native_call_var = callers.NATIVE_CALL
+        routes = not row.has_kv_params  # only the backport opens KV sessions (0.1.0): decided once, here
 
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-            call, module, args = _unbound(wrapped, instance, args)
-            if callers.runs_natively(module):  # the rule is applied to this very call already (an adapter's)
-                return call(*args, **kwargs)
-            session = current()
-            if session is not None and session.route:
-                return inner_call(kind, call, args, kwargs, where)
+            if instance is None and args:  # called through the class (Linen's apply does)
+                call, module, args = _unbound(wrapped, instance, args)
+            else:
+                call, module = wrapped, instance
+            running = native_call_var.get()
+            if running is not None and running[0] == id(module):  # callers.runs_natively, inlined (every call)
+                return call(*args, **kwargs)  # the rule is applied to this very call already (an adapter's)
+            if routes:
+                session = current()
+                if session is not None and session.route:
+                    return inner_call(kind, call, args, kwargs, where)
 
             def native_call(m: Any, kw: dict[str, Any]) -> Any:
                 token = native_call_var.set((id(m), True))  # what MaxText's code calls now is MaxText's own call
