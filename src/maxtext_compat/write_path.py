@@ -3,8 +3,9 @@
 Why a module of its own, above the kernel: the call rule (`maxtext_compat.convention`) decides what a call
 means and sits below the paged KV cache and the kernel; what a call that writes the cache must hand over is
 kernel knowledge (layouts, metadata arrays, where each write lands), and the 0.1.0 backport runs the kernel.
-Whoever builds a `CallSite` (the adapters, the shim profiles) hands the rule `WRITE_PATH`, so the rule reaches
-this module without importing it.
+Whoever builds a `CallSite` (the adapters, the shim profiles) hands the rule a `WritePath`, so the rule reaches
+this module without importing it; the one they hand it (`shims.backport_hooks.WRITE_PATH`) carries how the 0.1.0
+backport's hooks are installed, which are shims and sit above this module.
 
 Why the checks run before either path: on MaxText 0.2.x the adapter hands the caches and the metadata to
 MaxText's vLLM path and on 0.1.0 to the backport, and each failed in its own way. Found: a Transformer call
@@ -15,8 +16,8 @@ backport casts) and was a raw ValueError inside tpu-inference on 0.2.5, our own 
 the same answer: the same typed error, or a call that both paths can run (our RaggedMetadata is handed to
 MaxText 0.2.x as tpu-inference's AttentionMetadata, which it reads).
 
-Stand-ins that are not arrays (the unit tests' "KV" strings) are left to the checks that follow, as before;
-a Python list where one cache belongs, or a cache list of the wrong length, is refused whatever it holds.
+A cache that is not an array, a Python list where one cache belongs, or a cache list of the wrong length is
+refused before anything runs.
 """
 
 from __future__ import annotations
@@ -179,9 +180,13 @@ def same_metadata(a: Any, b: Any) -> bool:
 
 
 class WritePath:
-    """The `convention.rule.WritePath` every call site hands the rule (`WRITE_PATH`): one object, no state."""
+    """The `convention.rule.WritePath` a call site hands the rule: the checks and the two paths, holding only how
+    the backport's hooks get installed (`ensure_hooks(row)`, from the shims layer above)."""
 
-    __slots__ = ()
+    __slots__ = ("ensure_hooks",)
+
+    def __init__(self, *, ensure_hooks: Callable[[MaxTextRow], None]) -> None:
+        self.ensure_hooks = ensure_hooks
 
     def prepare(self, kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> None:
         """The checks of a writing call, then its metadata as the release's own vLLM path reads it."""
@@ -196,10 +201,7 @@ class WritePath:
     ) -> Any:  # fmt: skip
         """A new call on a release without the KV parameters (0.1.0): the backport (looked up per call, so a
         test can stand in for it)."""
-        return backport.backport_call(module, native_call, kind, row, t, writes, where)
+        return backport.backport_call(module, native_call, kind, row, t, writes, where, self.ensure_hooks)
 
     def same_metadata(self, a: Any, b: Any) -> bool:
         return same_metadata(a, b)
-
-
-WRITE_PATH = WritePath()

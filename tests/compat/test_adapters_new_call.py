@@ -351,7 +351,7 @@ def test_strict_mode_catches_a_cache_returned_unchanged_in_each_family(vllm_mode
             return query
 
         mocker.patch.object(backport_attention, "attend", skip_write)
-        mocker.patch("maxtext_compat.backport.hooks.attend", skip_write)
+        mocker.patch("maxtext_compat.shims.backport_hooks.attend", skip_write)
     with tiny.mesh_context(cfg, mesh), policy.strict_mode(), pytest.raises(KVCacheNotUpdatedError) as e:
         nnx.jit(_transformer_step)(model, step.tokens, step.pos, list(step.caches), step.attention_metadata)
     assert "unchanged for layer 0" in str(e.value)

@@ -359,7 +359,7 @@ def _drop_every_cache(row: Any, mocker: Any) -> None:
         return query
 
     mocker.patch.object(backport_attention, "attend", drop_backport)
-    mocker.patch("maxtext_compat.backport.hooks.attend", drop_backport)
+    mocker.patch("maxtext_compat.shims.backport_hooks.attend", drop_backport)
 
 
 @pytest.mark.parametrize("family", ["default", "qwen3", "gemma3"])

@@ -93,7 +93,7 @@ def _equal(a, b):
 def _without_backport_hooks():
     """The adapter installs the context-gated backport hooks on first use and leaves them: remove them, so
     the shimmed call is seen as a user of MaxText 0.1.0 with only `shims.install()` would see it."""
-    from maxtext_compat.backport import hooks
+    from maxtext_compat.shims import backport_hooks as hooks
 
     if hooks.PROFILE in shims.registered_profiles():
         shims.uninstall(hooks.PROFILE)

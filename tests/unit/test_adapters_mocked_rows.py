@@ -194,7 +194,8 @@ def test_legacy_new_call_goes_to_the_backport(mocker):
     backport = mocker.patch("maxtext_compat.backport.call.backport_call", return_value=("OUT", "KV2"))
     out = cls()("x", "x", "pos", None, model_mode="autoregressive", kv_cache="KV", attention_metadata="MD")
     assert out == ("OUT", "KV2")
-    _, native_call, kind, row_arg, t, writes, _ = backport.call_args.args
+    _, native_call, kind, row_arg, t, writes, _, ensure_hooks = backport.call_args.args
+    assert callable(ensure_hooks)  # the call site's write path says how the hooks get installed
     assert callable(native_call)
     assert kind == "attention" and row_arg is row and writes is True
     assert t.kv == "KV" and t.metadata == "MD" and "kv_cache" not in t.kwargs

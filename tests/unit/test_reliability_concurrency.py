@@ -303,7 +303,7 @@ def backport_over_fake(mocker) -> Iterator[tuple[type, Any]]:
     shims.register_profile(maxtext_profiles.BACKPORT, lambda: [spec], replace=True)
     # Train-mode new calls never route attention; the context-gated hooks (backport-hooks, tested with the
     # real MaxText) would otherwise be registered here for this fake row and outlive the test.
-    mocker.patch("maxtext_compat.backport.hooks.ensure_installed")
+    mocker.patch("maxtext_compat.shims.backport_hooks.ensure_installed")
     try:
         yield module.Attention, lambda: adapted_class(module.Attention, row=row, kind="attention")
     finally:

@@ -24,7 +24,7 @@ from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.patching import original_beneath
-from maxtext_compat.write_path import WRITE_PATH
+from maxtext_compat.shims.backport_hooks import WRITE_PATH
 
 _lock = fork_safe_lock()
 _ADAPTED: dict[tuple[type, str, str], type] = {}

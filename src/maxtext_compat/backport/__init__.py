@@ -1,4 +1,5 @@
-"""The vLLM path for MaxText releases that predate it (0.1.0): KV sessions and the hooks they use.
+"""The vLLM path for MaxText releases that predate it (0.1.0): KV sessions and what the hooks route to (the hooks
+themselves are shims: `maxtext_compat.shims.backport_hooks`).
 
 Why a session: a 0.1.0 decoder layer calls its Attention the old way (no KV arguments, a
 bare `out` back), and its Decoder loops over layers that return bare `y`. Rather than

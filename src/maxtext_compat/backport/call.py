@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from maxtext_compat.backport import hooks
+from maxtext_compat import names
 from maxtext_compat.backport.attention import rpa_mesh_for
 from maxtext_compat.backport.session import kv_session
 from maxtext_compat.convention.kinds import KINDS
@@ -16,16 +16,24 @@ from maxtext_compat.matrix import MaxTextRow
 
 
 def backport_call(
-    module: Any, native_call: Callable[..., Any], kind: str, row: MaxTextRow, t: Translated, writes: bool, where: str
+    module: Any,
+    native_call: Callable[..., Any],
+    kind: str,
+    row: MaxTextRow,
+    t: Translated,
+    writes: bool,
+    where: str,
+    ensure_hooks: Callable[[MaxTextRow], None],
 ) -> Any:
-    """Run the native old call (`native_call(module, kwargs)`) with attention routed to RPA.
+    """Run the native old call (`native_call(module, kwargs)`) with attention routed to RPA; `ensure_hooks(row)`
+    installs the hooks the session routes through (`shims.backport_hooks`), a dict read once they are.
 
     Returns the new convention.
     writes=False (train mode) follows MaxText 0.2.x: no RPA, the caches come back as given.
     """
     if writes:  # the call rule checked the caches and the metadata (write_path, paged.guard)
         installed_rpa()  # typed error up front when there is no tpu-inference (and so no kernel)
-    hooks.ensure_installed(row)
+    ensure_hooks(row)
     k = KINDS[kind]
     caches = k.caches(t.kv)
     if not writes and not k.is_model:
@@ -46,7 +54,7 @@ def backport_call(
         # The attention op runs RPA; the layer itself runs in train mode so MaxText's own KV-cache
         # variables are neither read nor written (0.2.x skips them the same way in vLLM mode). Set
         # here, not only by the backport hook: the vllm-backport shim calls the original method.
-        kwargs = {**kwargs, "model_mode": hooks.TRAIN}
+        kwargs = {**kwargs, "model_mode": names.TRAIN}
     with kv_session(caches, t.metadata, rpa_mesh, where, route=writes) as session:
         result = native_call(module, kwargs)
         if writes:
@@ -82,6 +90,6 @@ def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[st
         )
     rest = {k: v for k, v in kwargs.items() if k not in named}
     if k.runs_kernel:
-        rest["model_mode"] = hooks.TRAIN
+        rest["model_mode"] = names.TRAIN
     result = call(*args, **rest)
     return k.new_shape(result, None) if named else result

@@ -9,7 +9,7 @@ answer for calls that name nothing.
 
 The rule sits below the paged KV cache, the kernel and the patching engine and imports none of them: a
 writing call's checks and the backport reach it as the `WritePath` its call site was built with
-(`maxtext_compat.write_path.WRITE_PATH`). Both deliveries run the native call inside
+(`maxtext_compat.shims.backport_hooks.WRITE_PATH`). Both deliveries run the native call inside
 `callers.NATIVE_CALL`, which says what is MaxText's own call and keeps the rule from applying twice.
 """
 
@@ -34,7 +34,7 @@ _UNREAD = object()
 
 
 class WritePath(Protocol):
-    """What a writing new call needs beyond the rule, from the layers above it (write_path.WRITE_PATH)."""
+    """What a writing new call needs beyond the rule, from the layers above it (shims.backport_hooks.WRITE_PATH)."""
 
     def prepare(self, kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> None:
         """Check what the call hands over (caches, layouts, metadata, where each write lands) and put the
@@ -59,7 +59,7 @@ class CallSite:
 
     Built once per adapted class or patched method (not per call). `deprecation=False` skips the
     deprecation policy (the shim: MaxText's own internal old calls are not the user's to migrate).
-    `write_path`: what a writing new call runs below the rule (maxtext_compat.write_path.WRITE_PATH)."""
+    `write_path`: what a writing new call runs below the rule (maxtext_compat.shims.backport_hooks.WRITE_PATH)."""
 
     kind: str
     row: MaxTextRow

@@ -171,8 +171,8 @@ class LegacyBackend(NNXTransformerBackend):
         attention_metadata: Any,
         inputs_embeds: Any = None,
     ) -> StepOutput:
-        from maxtext_compat.backport import hooks
         from maxtext_compat.backport.session import kv_session
+        from maxtext_compat.shims import backport_hooks as hooks
 
         if inputs_embeds is not None:
             self._reject_input_embeddings()

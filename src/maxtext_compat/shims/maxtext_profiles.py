@@ -22,7 +22,7 @@ from maxtext_compat.convention.signature import advertised_signature, native_sig
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.patching.shim import Shim
-from maxtext_compat.write_path import WRITE_PATH
+from maxtext_compat.shims.backport_hooks import WRITE_PATH
 
 BACKPORT = names.VLLM_BACKPORT
 DEFECTS = names.KNOWN_DEFECTS
@@ -187,8 +187,8 @@ def call_rule_specs(row: MaxTextRow) -> list[Any]:
 
 
 def backport_specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat.backport import hooks
     from maxtext_compat.shims import PatchSpec
+    from maxtext_compat.shims import backport_hooks as hooks
 
     here = __name__
     specs = [s for s in hooks.specs(row) if not s.target.endswith("Attention.__call__")]

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
+from maxtext_compat.shims.backport_hooks import WRITE_PATH
 from maxtext_compat.write_path import WritePath
 
 
@@ -23,6 +24,7 @@ class ChecklessWritePath(WritePath):
     __slots__ = ("prepared",)
 
     def __init__(self) -> None:
+        super().__init__(ensure_hooks=WRITE_PATH.ensure_hooks)
         self.prepared: list[Any] = []  # the translated call of every writing call, in order
 
     def prepare(self, kind: Any, module: Any, row: Any, t: Any, where: str) -> None:

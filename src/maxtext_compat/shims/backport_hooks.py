@@ -1,4 +1,5 @@
-"""Context-gated hooks on a pre-#2616 MaxText's own classes (profile `backport-hooks`).
+"""Context-gated hooks on a pre-#2616 MaxText's own classes (profile `backport-hooks`), and the write path every
+call site hands the call rule (`WRITE_PATH`: the checks, and the 0.1.0 backport with these hooks).
 
 Installed once per process through the shims core (atomic, reversible, listed by doctor);
 each hook calls the original unchanged unless a `KVSession` is active, so MaxText's own
@@ -23,6 +24,7 @@ from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.patching import PatchSpec, profiles
 from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.shim import Shim
+from maxtext_compat.write_path import WritePath
 
 PROFILE = names.BACKPORT_HOOKS
 FULL_PROFILE = names.VLLM_BACKPORT  # MaxText's full backport shim (maxtext_compat.shims) carries these hooks
@@ -132,3 +134,10 @@ def ensure_installed(row: MaxTextRow) -> None:
     if PROFILE in installed or FULL_PROFILE in installed:  # the full shim includes these hooks
         return
     BackportHooksShim(row).install()
+
+
+def _ensure_installed_now(row: MaxTextRow) -> None:
+    ensure_installed(row)  # looked up per call: a test can stand in for ensure_installed
+
+
+WRITE_PATH = WritePath(ensure_hooks=_ensure_installed_now)
