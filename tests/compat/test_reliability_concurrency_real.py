@@ -39,6 +39,7 @@ from maxtext_compat.convention.signature import native_signature  # noqa: E402
 from maxtext_compat.patching import ledger  # noqa: E402
 from maxtext_compat.shims import maxtext_profiles  # noqa: E402
 from maxtext_compat.switches import env_count  # noqa: E402
+from maxtext_compat.testing.checkless import checkless_calls  # noqa: E402
 
 # The 10,000 install/uninstall cycles on every release. known-defects (0.2.5) has 2 targets;
 # vllm-backport (0.1.0) has 13 and sweeps every imported MaxText module for `from x import f` aliases
@@ -81,8 +82,9 @@ class Sentinel:
         raise ReachedOriginal(f"argument.{name}")
 
 
-# A new call's KV cache and metadata: stand-ins that are no arrays (the write path checks arrays only) and are
-# never read by MaxText's body before it stops at `self`.
+# A new call's KV cache and metadata: stand-ins never read by MaxText's body before it stops at `self`. The adapters
+# are built with a write path that records instead of checking them (maxtext_compat.testing.checkless): what churns
+# here is the routing, and a real cache's checks are tests/compat/test_adapters_new_call.py's.
 KV_STANDIN, METADATA_STANDIN = "kv-cache stand-in", "metadata stand-in"
 
 
@@ -162,7 +164,8 @@ def call_sites(name: str, targets: list[str]) -> list[Site]:
         args = _positional(getattr(owner, attr))
         sites.append((target, _reaches(target, lambda o=owner, a=args: o.__call__(FakeSelf(scanned), *a, **kw)), BOTH))
     attention = row.classes["attention"].load()
-    adapter = adapted_class(attention, row=row, kind="attention")
+    with checkless_calls():
+        adapter = adapted_class(attention, row=row, kind="attention")
     patched = BOTH if f"{row.classes['attention']}.__call__" in targets else ORIGINAL
 
     def attention_call(**new: Any) -> Any:
@@ -171,7 +174,8 @@ def call_sites(name: str, targets: list[str]) -> list[Site]:
     sites.append(("adapter attention old", _reaches("adapter", attention_call), patched))
     if row.has_kv_params:
         new = {"model_mode": "autoregressive", "kv_cache": KV_STANDIN, "attention_metadata": METADATA_STANDIN}
-        llama = adapted_class(row.decoder_layers["llama2"].load(), row=row, kind="decoder_layer")
+        with checkless_calls():
+            llama = adapted_class(row.decoder_layers["llama2"].load(), row=row, kind="decoder_layer")
         # The profile patches the Llama layer only where the release lacks its scan carry (0.2.5, not 0.2.4).
         llama_patched = BOTH if f"{row.decoder_layers['llama2']}.__call__" in targets else ORIGINAL
 
