@@ -39,14 +39,6 @@ def _row(row: MaxTextRow | None) -> MaxTextRow:
     return installed_row(warn_unknown=True)  # an unknown release warns, as the README says
 
 
-def _call_entry(cls: type) -> Any:
-    """The raw `__call__` entry of `cls`, as `inspect.getattr_static` finds it along the MRO."""
-    for klass in cls.__mro__:
-        if "__call__" in klass.__dict__:
-            return klass.__dict__["__call__"]
-    return cls.__call__
-
-
 def kind_of(cls: type, row: MaxTextRow) -> str:
     """Which layer kind a MaxText class is: by the matrix row's classes, then by its signature."""
     for key, kind in CLASS_KINDS:
@@ -91,7 +83,8 @@ def adapted_class(cls: type, *, row: MaxTextRow | None = None, kind: str | None 
             return _ADAPTED[key]
         # The release's own signature, beneath any shim's advertised one: the native call below reaches a rule shim
         # only to pass through it (callers.NATIVE_CALL), so it must get only what the release itself takes.
-        native = native_signature(original_beneath(_call_entry(cls)))
+        owner = callers.call_owner(cls)
+        native = native_signature(original_beneath(owner.__dict__["__call__"] if owner else cls.__call__))
         advertised = advertised_signature(native, k)
         where = f"{cls.__qualname__}.__call__"
         marks_maxtext = callers.maxtext_code(cls)

@@ -160,12 +160,18 @@ NATIVE_CALL: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.Conte
 )
 
 
-def maxtext_code(cls: type) -> bool:
-    """Whether calling `cls` runs MaxText's code: the class that defines its `__call__` is MaxText's."""
+def call_owner(cls: type) -> type | None:
+    """The class along `cls`'s MRO whose dict defines `__call__` (the entry `inspect.getattr_static` reads)."""
     for klass in cls.__mro__:
         if "__call__" in klass.__dict__:
-            return klass.__module__.partition(".")[0] in _MAXTEXT
-    return False
+            return klass
+    return None
+
+
+def maxtext_code(cls: type) -> bool:
+    """Whether calling `cls` runs MaxText's code: the class that defines its `__call__` is MaxText's."""
+    owner = call_owner(cls)
+    return owner is not None and owner.__module__.partition(".")[0] in _MAXTEXT
 
 
 def for_call(row: MaxTextRow, module_value: str | None = None, row_default: Declared | None = None) -> Declared:
