@@ -186,6 +186,14 @@ class WritePath:
     __slots__ = ("ensure_hooks",)
 
     def __init__(self, *, ensure_hooks: Callable[[MaxTextRow], None]) -> None:
+        if not callable(ensure_hooks):
+            raise InvalidArgumentTypeError(
+                "a write path needs a callable that installs the backport's hooks",
+                argument="ensure_hooks",
+                expected="a callable taking the matrix row (maxtext_compat.shims.backport_hooks.ensure_installed)",
+                found=f"{type(ensure_hooks).__name__} {ensure_hooks!r}"[:200],
+                fix="pass the function itself, e.g. WritePath(ensure_hooks=backport_hooks.ensure_installed)",
+            )
         self.ensure_hooks = ensure_hooks
 
     def prepare(self, kind: Kind, module: Any, row: MaxTextRow, t: Translated, where: str) -> None:

@@ -132,6 +132,12 @@ def policy_row(policy: str) -> dict[str, Any]:
     return {"deprecation": dataclasses.replace(matrix().row("0.2.5").deprecation, policy=policy, ends_in="0.9.0")}
 
 
+def write_path_with(hooks: Any) -> Any:
+    from maxtext_compat.write_path import WritePath
+
+    return WritePath(ensure_hooks=hooks)
+
+
 def set_interpret_mode(mode: Any) -> None:
     from maxtext_compat.kernel import interpret
 
@@ -500,6 +506,9 @@ CASES: list[Case] = [
          "tensor parallelism 4 over 2 KV heads on CPU (interpret mode), jax 0.10.2",
          lambda: mesh_limits(4, jax_version="0.10.2", num_kv_heads=2), KernelUnavailableError,
          ("[mesh]", "deadlocks", "each held 2 times"), "use tensor parallelism <= 2, or jax >= 0.11.2"),
+    Case("write-path-hooks-not-callable", "shims", "`WritePath(ensure_hooks=...)` given a value, not a function",
+         lambda: write_path_with(hooks="backport-hooks"), InvalidArgumentTypeError,
+         ("[ensure_hooks]", "callable", "'backport-hooks'"), "pass the function itself"),
     Case("interpret-mode-not-callable", "shims", "`kernel.interpret.set_interpret_mode(a context, not its factory)`",
          lambda: set_interpret_mode(contextlib.nullcontext()), InvalidArgumentTypeError,
          ("[mode]", "not callable", "nullcontext"), "pass the function that returns the context"),
