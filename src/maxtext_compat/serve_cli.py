@@ -57,6 +57,7 @@ TINY_VLLM_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--num-gpu-blocks-override", "16"),
 )
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+RPC_DIR_VAR = "VLLM_RPC_BASE_PATH"  # where vLLM's processes put their IPC sockets
 
 
 @dataclass
@@ -349,9 +350,14 @@ def run(ns: argparse.Namespace, passthrough: Sequence[str]) -> int:
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
-    if cmd.temporary_model_dir is not None:
-        tempdirs.hand_to_exec(cmd.temporary_model_dir)  # removed once the server has exited
-    os.execve(cmd.argv[0], cmd.argv, {**os.environ, **cmd.env_changes})
+    env = {**os.environ, **cmd.env_changes}
+    owned = [cmd.temporary_model_dir] if cmd.temporary_model_dir is not None else []
+    if RPC_DIR_VAR not in env:  # vLLM's ZMQ sockets, which a killed engine leaves in $TMPDIR: a folder of ours
+        env[RPC_DIR_VAR] = tempdirs.make("maxtext_compat_rpc_")
+        owned.append(env[RPC_DIR_VAR])
+    for path in owned:
+        tempdirs.hand_to_exec(path)  # removed once the server and every process it forked have exited
+    os.execve(cmd.argv[0], cmd.argv, env)
     return 0  # pragma: no cover - execve does not return
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -261,8 +262,10 @@ class PendingRun:
     log: Path
     started: float
     timeout: float
+    owned_dir: Path | None = None  # a temporary folder start_in_env made: removed once the results are read
 
     def results(self) -> list[RunResult]:
+        """The runs' results; a failed or hung run keeps its folder, whose log the error names."""
         try:
             code = self.process.wait(timeout=max(1.0, self.timeout - (time.monotonic() - self.started)))
         except subprocess.TimeoutExpired:
@@ -286,6 +289,8 @@ class PendingRun:
         results = [load_result(out) for out in self.outs]
         for result in results:
             result.meta["wall_seconds"] = time.monotonic() - self.started
+        if self.owned_dir is not None:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
         return results
 
     def _tail(self, lines: int = 25) -> str:
@@ -325,7 +330,11 @@ def start_in_env(
             expected=str(python),
             fix=f"build it: maxtext-compat envs build {env}",
         )
-    work = Path(workdir or tempfile.mkdtemp(prefix=f"crossrun_{env}_"))
+    owned: Path | None = None
+    if workdir:
+        work = Path(workdir)
+    else:
+        work = owned = Path(tempfile.mkdtemp(prefix=f"crossrun_{env}_"))
     work.mkdir(parents=True, exist_ok=True)
     spec_path, log = work / "specs.json", work / "log.txt"
     outs = [work / f"result_{k}.npz" for k in range(len(specs))]
@@ -339,7 +348,7 @@ def start_in_env(
             [str(python), "-m", "helpers.crossrun", str(spec_path), *map(str, outs)],
             stdout=f, stderr=subprocess.STDOUT, env=child_env, text=True,
         )  # fmt: skip
-    return PendingRun(env, process, outs, log, time.monotonic(), timeout)
+    return PendingRun(env, process, outs, log, time.monotonic(), timeout, owned)
 
 
 def main(argv: list[str] | None = None) -> int:

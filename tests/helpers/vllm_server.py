@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +44,8 @@ class Server:
     model: str
     started_at: float = field(default_factory=time.monotonic)
     ready_after: float | None = None
+    tmpdir: str | None = None  # the server's own $TMPDIR (vLLM's IPC sockets, `serve --tiny`'s model): removed at stop
+    left_in_tmpdir: list[str] | None = None  # what its processes left there, read at stop before removing it
 
     @property
     def url(self) -> str:
@@ -101,6 +105,9 @@ class Server:
         _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers (engine core) of the group
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+        if self.tmpdir is not None:
+            self.left_in_tmpdir = _emptied(self.tmpdir)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
         return self.proc.returncode
 
     # ------------------------------------------------------------------ requests
@@ -157,35 +164,28 @@ def start(
         )
     log = Path(log_path)
     log.parent.mkdir(parents=True, exist_ok=True)
+    # A $TMPDIR of the server's own: what its processes leave there (a killed vLLM's IPC sockets) goes with it, and
+    # `left_in_tmpdir` says what that was. Short: vLLM's socket paths under it must fit a Unix socket's 107 bytes.
+    tmpdir = tempfile.mkdtemp(prefix="srv_")
+    env = {**(os.environ if env is None else env), "TMPDIR": tmpdir}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             list(argv),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(os.environ if env is None else env),
+            env=env,
             start_new_session=True,
         )
-    return Server(proc, port, log, model)
+    return Server(proc, port, log, model, tmpdir=tmpdir)
 
 
-def token_ids(body: Mapping[str, Any]) -> list[int]:
-    """The generated token ids of a /v1/completions response (needs return_token_ids=true)."""
-    try:
-        ids = body["choices"][0]["token_ids"]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise ServingError(
-            "the completion response has no token ids",
-            argument="response",
-            expected="choices[0].token_ids (request with return_token_ids=true)",
-            found=json.dumps(body)[:500],
-            fix='send the /v1/completions request with "return_token_ids": true and check the server log for errors',
-        ) from exc
-    if ids is None:
-        raise ServingError(
-            "the completion response has token_ids=null",
-            argument="response",
-            found=str(body)[:500],
-            fix='send the /v1/completions request with "return_token_ids": true (a vLLM that supports it)',
-        )
-    return [int(t) for t in ids]
+def _emptied(folder: str, limit: float = 10.0) -> list[str]:
+    """The folder's entries, once nothing of ours is left or `limit` has run out: the watcher of `maxtext-compat
+    serve` removes what the command made once the server's last process has exited, a moment after the stop."""
+    deadline = time.monotonic() + limit
+    while True:
+        left = sorted(os.listdir(folder))
+        if not any(n.startswith("maxtext_compat") for n in left) or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
