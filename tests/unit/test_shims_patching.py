@@ -874,3 +874,43 @@ def test_a_builders_own_typed_error_reaches_the_caller_unchanged():
     shims.register_profile("untyped", lambda: [object()])
     with pytest.raises(ProfileError, match="PatchSpec or Setting"):
         shims.install("untyped")
+
+
+# --------------------------------------------------------------------------------------------- the wrapper marker
+
+
+def test_every_wrapper_names_its_profile_unbound_and_bound(fake: Fake):
+    """Each wrapper's type carries the marker (a property naming the profile), the signature-advertising kind and
+    the bound forms included; what is not ours, and someone else's proxy around ours, do not answer for it."""
+    original = vars(fake.layers.Attention)["__call__"]
+    register("p", *all_specs(fake))
+    shims.install("p")
+    installed = [vars(fake.layers.Attention)[k] for k in ("__call__", "s", "c")] + [fake.layers.f]
+    assert [patching.wrapper_profile(w) for w in installed] == ["p"] * 4
+    bound = fake.layers.Attention().__call__
+    assert isinstance(bound, wrapt.BoundFunctionWrapper) and patching.wrapper_profile(bound) == "p"
+    assert getattr(vars(fake.layers.Attention)["__call__"], patching.WRAPPER_MARKER) == "p"
+    assert patching.wrapper_profile(original) is None and patching.wrapper_profile(42) is None
+    around_ours = wrapt.FunctionWrapper(vars(fake.layers.Attention)["__call__"], lambda w, i, a, k: w(*a, **k))
+    assert getattr(around_ours, patching.WRAPPER_MARKER) == "p"  # a proxy forwards the read to ours ...
+    assert patching.wrapper_profile(around_ours) is None  # ... but the type says whose it is
+    assert patching.original_beneath(vars(fake.layers.Attention)["__call__"]) is original
+
+
+def test_a_wrapper_of_ours_this_copy_did_not_install_is_named_as_such(fake: Fake):
+    """A wrapper taken while installed and written back after its uninstall reads as another copy's would: the
+    install refuses it naming maxtext-compat and the profile, and what runs beneath it is still the release's."""
+    original = vars(fake.layers.Attention)["__call__"]
+    register("p", PatchSpec(fake.target("Attention.__call__"), tagger("A")))
+    shims.install("p")
+    kept = vars(fake.layers.Attention)["__call__"]
+    shims.uninstall()
+    fake.layers.Attention.__call__ = kept  # a user's copy, written back
+    assert patching.layer_of(kept) is None and patching.original_beneath(kept) is original
+    register("q", PatchSpec(fake.target("Attention.__call__"), tagger("B")))
+    with pytest.raises(PatchConflictError) as err:
+        shims.install("q")
+    msg = str(err.value)
+    assert "a maxtext-compat wrapper of profile 'p' that this copy of maxtext-compat did not install" in msg, msg
+    assert vars(fake.layers.Attention)["__call__"] is kept and not shims.installed("q")
+    fake.layers.Attention.__call__ = original

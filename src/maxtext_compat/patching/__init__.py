@@ -17,7 +17,9 @@ Rules:
   order: a layer with others on top is spliced out beneath them. A wrapper we did not
   install is a `PatchConflictError` unless `stack=True`.
 - A marker `__maxtext_compat_patches__` (attribute -> profiles, innermost first) is kept on
-  every patched module or class, ddtrace style: visible to anyone, and inherited by `fork`.
+  every patched module or class, ddtrace style: visible to anyone, and inherited by `fork`; each wrapper's type
+  has a `__maxtext_compat_wrapper__` property naming its profile, so another copy of the library (a second
+  install, a reload) recognises our wrappers where its registry does not (`wrapper_profile`).
 - Target modules are imported (`import_modules`) before the lock is taken; resolution under
   the lock only reads sys.modules.
 - Re-installing the same spec over the same original reuses its wrappers, so a factory runs
@@ -35,10 +37,12 @@ from maxtext_compat.patching.spec import Original, PatchSpec, add_keyword_params
 from maxtext_compat.patching.state import (
     LOCK,
     MARKER,
+    WRAPPER_MARKER,
     InstalledLayer,
     installed_layers,
     layer_of,
     original_beneath,
+    wrapper_profile,
 )
 from maxtext_compat.patching.targets import import_modules
 from maxtext_compat.patching.transaction import PatchSet, apply, check_removable, drift, remove
@@ -46,6 +50,7 @@ from maxtext_compat.patching.transaction import PatchSet, apply, check_removable
 __all__ = [
     "LOCK",
     "MARKER",
+    "WRAPPER_MARKER",
     "InstalledLayer",
     "Original",
     "PatchSet",
@@ -60,4 +65,5 @@ __all__ = [
     "layer_of",
     "original_beneath",
     "remove",
+    "wrapper_profile",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 from maxtext_compat.errors import PatchConflictError, PatchError
 from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.spec import Original, PatchSpec
-from maxtext_compat.patching.state import MARKER, Layer, describe_object, is_proxy, label_of
+from maxtext_compat.patching.state import MARKER, Layer, describe_object, is_proxy, label_of, wrapper_profile
 from maxtext_compat.patching.writes import read_slot
 
 
@@ -24,8 +24,9 @@ def _home_module(holder: Any) -> str | None:
 def _foreign(original: Original) -> str | None:
     """Describe the wrapper someone else put at the target, or None if it looks original (or is ours).
 
-    Detected: a wrapt proxy we did not install; a Python function (or `__wrapped__`-carrying
-    wrapper) whose `__module__` is not the module that owns the slot, i.e. defined elsewhere
+    Detected: a wrapper of maxtext-compat this copy did not install (its marker); a wrapt proxy we did not
+    install; a Python function (or `__wrapped__`-carrying wrapper) whose `__module__` is not the module that owns
+    the slot, i.e. defined elsewhere
     and assigned here (a plain re-export, `from a import f`, is not a patch); a marker saying
     maxtext-compat patched it when this copy did not.
     Not detectable: wrappers that copy `__module__` with functools.wraps (like Flax's own).
@@ -36,6 +37,13 @@ def _foreign(original: Original) -> str | None:
         return None
     fn: Any = original.function
     for obj in (raw, fn):
+        theirs = wrapper_profile(obj)
+        if theirs is not None:
+            return (
+                f"a maxtext-compat wrapper of profile {theirs!r} that this copy of maxtext-compat did not install "
+                "(another copy of the library in this process, or a wrapper taken while installed and written back "
+                "after its uninstall)"
+            )
         if is_proxy(obj):
             kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
             return f"{kind} (a wrapt wrapper) around {describe_object(obj.__wrapped__)}"

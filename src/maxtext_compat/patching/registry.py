@@ -78,7 +78,7 @@ class Registry:
     patch_counter: Iterator[int] = field(default_factory=itertools.count)
     settings: dict[str, tuple[str, Any, Any]] = field(default_factory=dict)  # target -> (profile, setting, before)
     layers: dict[int, Any] = field(default_factory=dict)  # id(installed object) -> its Layer
-    built: dict[tuple[int, int, str], tuple[Any, ...]] = field(default_factory=dict)  # (spec, raw, shim, wrapper, fn)
+    built: dict[tuple[int, int, str], tuple[Any, ...]] = field(default_factory=dict)  # (spec, raw, wrapper, fn)
     compiled_before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # profile -> jitted functions
     scanned: set[str] = field(default_factory=set)  # profiles whose first install was checked for them
 

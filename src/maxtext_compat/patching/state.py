@@ -21,7 +21,10 @@ from maxtext_compat.patching.registry import REGISTRY
 # lock of the package it comes from maxtext_compat.locks, whose fork hook takes it around a fork: a
 # child never inherits it held by another thread, nor a check-and-swap half done.
 LOCK = fork_safe_lock()
-MARKER = "__maxtext_compat_patches__"
+MARKER = "__maxtext_compat_patches__"  # on a patched owner: attribute -> the profiles layered on it
+# On our wrapper classes, a property naming the wrapper's profile: any copy of the library (a second install, a
+# reload) recognises a wrapper of maxtext-compat by name, where its registry knows only its own.
+WRAPPER_MARKER = "__maxtext_compat_wrapper__"
 
 
 class _Missing:
@@ -55,9 +58,8 @@ class Layer:
     attribute: str
     created: bool  # the slot did not exist on owner before (inherited attribute): restore deletes it
     original: Any
-    shim: Any  # our FunctionWrapper (innermost proxy of this layer)
-    function: Any  # the wrapper function the spec's factory made, which the shim calls (markers are read on it)
-    wrapper: Any  # the object written (shim, or a with_signature proxy around it)
+    wrapper: Any  # the object written: our FunctionWrapper around `original`
+    function: Any  # the wrapper function the spec's factory made, which the wrapper calls
     aliases: list[tuple[Any, str]]
     stacked_on: str
 
@@ -82,13 +84,23 @@ def is_proxy(obj: Any) -> bool:
     return issubclass(type(obj), wrapt.BaseObjectProxy)
 
 
+def wrapper_profile(obj: Any) -> str | None:
+    """The profile of the maxtext-compat wrapper `obj` is (of this copy of the library or another), else None.
+
+    Read on the type first: someone else's proxy around ours forwards attribute reads to ours, but is not ours."""
+    if not hasattr(type(obj), WRAPPER_MARKER):
+        return None
+    profile = getattr(obj, WRAPPER_MARKER, None)
+    return profile if isinstance(profile, str) else None
+
+
 def label_of(obj: Any, name: str) -> str:
     """'module:attr', 'module:Class.attr', or the wrapper whose __wrapped__ is meant (for messages)."""
     if isinstance(obj, types.ModuleType):
         return f"{obj.__name__}:{name}"
     if isinstance(obj, type):
         return f"{obj.__module__}:{obj.__qualname__}.{name}"
-    layer = next((la for la in REGISTRY.layers.values() if la.shim is obj), None)
+    layer = next((la for la in REGISTRY.layers.values() if la.wrapper is obj), None)
     if layer is not None:
         return f"the {layer.profile!r} layer of {layer.target}"
     return f"{type(obj).__qualname__} wrapper ({name})"
@@ -109,6 +121,9 @@ def describe_object(obj: Any) -> str:
         layer = REGISTRY.layers.get(id(obj))
         if layer is not None and layer.wrapper is obj:
             return f"the maxtext-compat wrapper of profile {layer.profile!r}"
+        profile = wrapper_profile(obj)
+        if profile is not None:
+            return f"a maxtext-compat wrapper of profile {profile!r} that this copy of maxtext-compat did not install"
         try:
             inner = describe_object(obj.__wrapped__)
         except Exception:  # a broken proxy: say so instead of failing the error message
@@ -129,12 +144,12 @@ def describe_object(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class InstalledLayer:
-    """One installed patch as others may see it: the profile, the target, our innermost wrapper and the wrapper
-    function it calls (which carries a shim's markers)."""
+    """One installed patch as others may see it: the profile, the target, our wrapper (the object written) and the
+    wrapper function it calls."""
 
     profile: str
     target: str
-    shim: Any
+    wrapper: Any
     function: Any
 
 
@@ -146,20 +161,19 @@ def layer_of(obj: Any) -> InstalledLayer | None:
     layer = REGISTRY.layers.get(id(obj))
     if layer is None or layer.wrapper is not obj:
         return None
-    return InstalledLayer(layer.profile, layer.target, layer.shim, layer.function)
+    return InstalledLayer(layer.profile, layer.target, layer.wrapper, layer.function)
 
 
 def original_beneath(obj: Any) -> Any:
-    """What `obj`, an entry read from a class or module dict, runs beneath every layer of ours stacked on it
-    (`obj` itself when it is not ours): the release's own function, whose signature a caller must follow."""
-    layer = layer_of(obj)
-    while layer is not None:
-        obj = layer.shim.__wrapped__
-        layer = layer_of(obj)
+    """What `obj`, an entry read from a class or module dict, runs beneath every wrapper of maxtext-compat stacked on
+    it, installed by this copy of the library or not (`obj` itself when it is not ours): the release's own
+    function, whose signature a caller must follow."""
+    while wrapper_profile(obj) is not None:
+        obj = obj.__wrapped__
     return obj
 
 
 def installed_layers() -> tuple[InstalledLayer, ...]:
     """Every layer this copy of the library has installed in this process (the ledger `doctor` reads)."""
     unique = {id(layer): layer for layer in list(REGISTRY.layers.values())}
-    return tuple(InstalledLayer(la.profile, la.target, la.shim, la.function) for la in unique.values())
+    return tuple(InstalledLayer(la.profile, la.target, la.wrapper, la.function) for la in unique.values())

@@ -20,7 +20,7 @@ from maxtext_compat.patching.settings import Setting, SettingSet, apply_settings
 from maxtext_compat.patching.spec import Original, PatchSpec
 from maxtext_compat.patching.state import ABSENT, LOCK, PID, Layer, describe_object, is_proxy, label_of
 from maxtext_compat.patching.targets import resolve_target
-from maxtext_compat.patching.wrappers import make_wrappers
+from maxtext_compat.patching.wrappers import make_wrapper
 from maxtext_compat.patching.writes import Markers, Write, commit_writes, read_slot
 
 _MAX_CHAIN = 64
@@ -101,7 +101,7 @@ def apply(
 
 
 def _build_layer(spec: PatchSpec, original: Original, profile: str) -> Layer:
-    shim, wrapper, function = make_wrappers(spec, original, profile)
+    wrapper, function = make_wrapper(spec, original, profile)
     below = REGISTRY.layers.get(id(original.raw))
     if below is not None and below.wrapper is original.raw:
         stacked_on = f"profile {below.profile}"
@@ -117,9 +117,8 @@ def _build_layer(spec: PatchSpec, original: Original, profile: str) -> Layer:
         attribute=original.attribute,
         created=original.owner is not original.defined_in,
         original=original.raw,
-        shim=shim,
-        function=function,
         wrapper=wrapper,
+        function=function,
         aliases=sweep_aliases(spec, original),
         stacked_on=stacked_on,
     )
@@ -142,8 +141,8 @@ def _plan_removal(patch_set: PatchSet, *, force: bool) -> _Removal:
     for above in REGISTRY.layers.values():  # our layers wrapping a removed one: splice it out beneath them
         if id(above.original) in removed and id(above.wrapper) not in removed:
             layer = REGISTRY.layers[id(above.original)]
-            plan.writes.append(Write(above.shim, "__wrapped__", layer.original, layer.wrapper))
-            spliced.add(id(above.shim))
+            plan.writes.append(Write(above.wrapper, "__wrapped__", layer.original, layer.wrapper))
+            spliced.add(id(above.wrapper))
             plan.fixups.append((above, layer))
     for layer in reversed(layers):
         for obj, name, created in layer.locations():

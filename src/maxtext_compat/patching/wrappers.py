@@ -1,5 +1,5 @@
-"""Our wrapt wrapper objects (the shim, with the signature it advertises when a spec gives one), and a cache of
-built ones. Only wrapt's public classes: `FunctionWrapper` and `BoundFunctionWrapper`, subclassed."""
+"""Our wrapt wrapper objects (one per patched target, with the signature it advertises when a spec gives one), and a
+cache of built ones. Only wrapt's public classes: `FunctionWrapper` and `BoundFunctionWrapper`, subclassed."""
 
 from __future__ import annotations
 
@@ -25,11 +25,24 @@ class _ShimBoundWrapper(wrapt.BoundFunctionWrapper):
     def __func__(self) -> Any:
         return self._self_parent
 
+    @property
+    def __maxtext_compat_wrapper__(self) -> str:  # state.WRAPPER_MARKER: the profile, as the unbound form says
+        return self._self_parent._self_profile  # type: ignore[no-any-return]
+
 
 class _ShimWrapper(wrapt.FunctionWrapper):
-    """Our FunctionWrapper type, so tracebacks and `repr` say who wrapped the target."""
+    """Our FunctionWrapper type, so tracebacks and `repr` say who wrapped the target, and any copy of the library
+    reads whose it is (`state.wrapper_profile`)."""
 
     __bound_function_wrapper__ = _ShimBoundWrapper
+
+    def __init__(self, wrapped: Any, wrapper: Any, profile: str, **kwargs: Any) -> None:
+        super().__init__(wrapped, wrapper, **kwargs)
+        self._self_profile = profile
+
+    @property
+    def __maxtext_compat_wrapper__(self) -> str:  # state.WRAPPER_MARKER
+        return self._self_profile  # type: ignore[no-any-return]
 
 
 class _ShimBoundSignatureWrapper(_ShimBoundWrapper):
@@ -58,8 +71,8 @@ class _ShimSignatureWrapper(_ShimWrapper):
 
     __bound_function_wrapper__ = _ShimBoundSignatureWrapper
 
-    def __init__(self, wrapped: Any, wrapper: Any, signature: inspect.Signature, **kwargs: Any) -> None:
-        super().__init__(wrapped, wrapper, **kwargs)
+    def __init__(self, wrapped: Any, wrapper: Any, profile: str, signature: inspect.Signature, **kwargs: Any) -> None:
+        super().__init__(wrapped, wrapper, profile, **kwargs)
         self._self_signature = signature
 
     @property
@@ -71,7 +84,7 @@ class _ShimSignatureWrapper(_ShimWrapper):
         return _SignatureSurrogate(self, self._self_signature)
 
 
-# (id(spec), id(raw original), profile) -> (spec, raw, shim, wrapper). Why: re-installing the same
+# (id(spec), id(raw original), profile) -> (spec, raw, wrapper, function). Why: re-installing the same
 # profile over the same original (each `with shims.patched()` block) reuses its wrappers instead of
 # rebuilding them, so a factory runs once per (spec, original, profile) and a patched method keeps one
 # identity across blocks. Measured, an install/uninstall cycle of vllm-backport on MaxText 0.1.0
@@ -79,16 +92,17 @@ class _ShimSignatureWrapper(_ShimWrapper):
 _BUILT_MAX = 256
 
 
-def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any, Any]:
+def make_wrapper(spec: PatchSpec, original: Original, profile: str) -> tuple[Any, Any]:
+    """Our wrapper of `original` for `spec` (reused while nothing changed) and the wrapper function it calls."""
     hit = REGISTRY.built.get((id(spec), id(original.raw), profile))
     if (
         hit is not None
         and hit[0] is spec
         and hit[1] is original.raw
         and hit[2].__wrapped__ is original.raw  # never spliced onto another original since
-        and id(hit[3]) not in REGISTRY.layers  # not installed right now
+        and id(hit[2]) not in REGISTRY.layers  # not installed right now
     ):
-        return hit[2], hit[3], hit[4]
+        return hit[2], hit[3]
     try:
         wrapper_fn = spec.factory(original)
     except Exception as exc:
@@ -112,15 +126,14 @@ def make_wrappers(spec: PatchSpec, original: Original, profile: str) -> tuple[An
     written: list[Any] = []
     enabled = lambda: id(written[0]) in REGISTRY.layers  # noqa: E731
     if spec.signature is None:
-        shim = _ShimWrapper(original.raw, wrapper_fn, enabled=enabled)
+        wrapper: Any = _ShimWrapper(original.raw, wrapper_fn, profile, enabled=enabled)
     else:
-        shim = _ShimSignatureWrapper(original.raw, wrapper_fn, _signature(spec, original), enabled=enabled)
-    wrapper: Any = shim
+        wrapper = _ShimSignatureWrapper(original.raw, wrapper_fn, profile, _signature(spec, original), enabled=enabled)
     written.append(wrapper)
     if len(REGISTRY.built) >= _BUILT_MAX:
         REGISTRY.built.clear()
-    REGISTRY.built[(id(spec), id(original.raw), profile)] = (spec, original.raw, shim, wrapper, wrapper_fn)
-    return shim, wrapper, wrapper_fn
+    REGISTRY.built[(id(spec), id(original.raw), profile)] = (spec, original.raw, wrapper, wrapper_fn)
+    return wrapper, wrapper_fn
 
 
 def _signature(spec: PatchSpec, original: Original) -> inspect.Signature:
