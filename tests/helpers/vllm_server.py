@@ -180,6 +180,28 @@ def start(
     return Server(proc, port, log, model, tmpdir=tmpdir)
 
 
+def token_ids(body: Mapping[str, Any]) -> list[int]:
+    """The generated token ids of a /v1/completions response (needs return_token_ids=true)."""
+    try:
+        ids = body["choices"][0]["token_ids"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ServingError(
+            "the completion response has no token ids",
+            argument="response",
+            expected="choices[0].token_ids (request with return_token_ids=true)",
+            found=json.dumps(body)[:500],
+            fix='send the /v1/completions request with "return_token_ids": true and check the server log for errors',
+        ) from exc
+    if ids is None:
+        raise ServingError(
+            "the completion response has token_ids=null",
+            argument="response",
+            found=str(body)[:500],
+            fix='send the /v1/completions request with "return_token_ids": true (a vLLM that supports it)',
+        )
+    return [int(t) for t in ids]
+
+
 def _emptied(folder: str, limit: float = 10.0) -> list[str]:
     """The folder's entries, once nothing of ours is left or `limit` has run out: the watcher of `maxtext-compat
     serve` removes what the command made once the server's last process has exited, a moment after the stop."""
