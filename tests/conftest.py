@@ -126,20 +126,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _LEFT_OUT[why] = _LEFT_OUT.get(why, 0) + 1
     if drop:
         config.hook.pytest_deselected(items=drop)
-    items[:] = sorted(keep, key=_runs_last)  # stable: every module stays whole and in its order
+    items[:] = sorted(keep, key=_phase)  # stable: every module stays whole and in its order
 
 
-# Modules that leave GBs resident in the pytest process for the rest of the run (measured per module on
-# maxtext-0.2.5, warm: the process at 1.9 GB before test_convert_checkpoint, 5.4 GB after it, 7.8 GB after
-# test_real_gemma3, 9.95 GB at its high-water mark). Run after every other module, the serving modules' `vllm serve`
-# processes start beside a small pytest process instead of on top of them: an environment's peak, which decides how
-# many environments the matrix runs beside it, is then the larger of the two, not their sum.
+# An environment's heavy phase, after every other module: the modules that start `vllm serve` processes (a server
+# holds 3 to 10 GB: data parallelism's four processes, the Ray cluster, the real models' servers), then those that
+# leave GBs resident in the pytest process for the rest of the run (measured per module on maxtext-0.2.5, warm: the
+# process at 1.9 GB before test_convert_checkpoint, 5.4 GB after it, 7.8 GB after test_real_gemma3, 9.95 GB at its
+# high-water mark), so the servers start beside a small pytest process. Its first test takes the matrix run's gate
+# (envmemory.enter_heavy_phase): one gated environment at a time is in its heavy phase, the others run their light
+# phases beside it.
+SERVING_MODULES = (
+    "test_output_head", "test_readme_recipes", "test_serving_conformance", "test_serving_data_parallel",
+    "test_serving_load", "test_serving_multihost_ray", "test_serving_real_gemma3", "test_serving_real_model",
+    "test_serving_vllm",
+)  # fmt: skip
 RUN_LAST = ("test_convert_checkpoint", "test_real_gemma3")
 
 
-def _runs_last(item: pytest.Item) -> bool:
-    module = getattr(getattr(item, "module", None), "__name__", "")
-    return module.rsplit(".", 1)[-1] in RUN_LAST
+def _phase(item: pytest.Item) -> int:
+    """0: the light phase; 1: the serving modules; 2: the modules that stay resident (last of all)."""
+    module = getattr(getattr(item, "module", None), "__name__", "").rsplit(".", 1)[-1]
+    return 2 if module in RUN_LAST else 1 if module in SERVING_MODULES else 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _phase(item) and not _is_unit_test(item):
+        from maxtext_compat.envmemory import enter_heavy_phase
+
+        if (waited := enter_heavy_phase()) >= 1:
+            print(f"\n[maxtext-compat] heavy phase: waited {waited:.0f} s for another environment's", file=sys.stderr)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -21,7 +21,19 @@ from pathlib import Path
 
 from maxtext_compat import envdurations, envs, workspace
 from maxtext_compat.atomic_file import PARTIAL_GLOB
-from maxtext_compat.envmemory import MEMORY_FILE, PeakSampler, record_peaks, recorded_peaks, run_admitted
+from maxtext_compat.envmemory import (
+    GATE_VAR,
+    MEMORY_FILE,
+    PeakSampler,
+    gate_lock,
+    gate_waited,
+    gated,
+    heavy_mark,
+    light_memory_file,
+    record_peaks,
+    recorded_peaks,
+    run_admitted,
+)
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import CompatMatrix
@@ -79,8 +91,13 @@ def run_env(
     build_lock: contextlib.AbstractContextManager[object] | None = None,
     ws: Workspace | None = None,
     cold_cache: bool | None = None,
+    gate: Path | None = None,
 ) -> EnvResult:
     """Run pytest in one environment; its output goes to `output` (a log file) when given.
+
+    `gate`: the lock file its test process takes for its heavy phase (envmemory: the run's shared one when the
+    environment is gated, else one of its own); the start of that phase is marked beside it, which splits the
+    run's peak memory into its light peak and its peak.
 
     `cold_cache`: whether its compilation cache was empty when the run that starts it began (run_matrix looks
     before any environment runs: a partner process of another environment may write into this one's cache
@@ -119,6 +136,11 @@ def run_env(
     env.update(bytecode_cache_env())
     res.cold_cache = cache_is_cold(name) if cold_cache is None else cold_cache
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    mark = None
+    if gate is not None:
+        env[GATE_VAR] = str(gate)
+        mark = heavy_mark(gate.parent, name)
+        mark.unlink(missing_ok=True)  # a mark of an earlier run in the same report folder
     # An environment that lists its test files runs only those (a kernel-only one has no MaxText to test).
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args, *spec.tests]
     log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))
@@ -132,11 +154,14 @@ def run_env(
             start_new_session=True,
         )  # fmt: skip
         try:
-            with PeakSampler(proc.pid) as sampler:
+            with PeakSampler(proc.pid, heavy_mark=mark) as sampler:
                 try:
                     proc.wait(timeout=limit)
                 finally:
                     res.peak_memory_gb = round(sampler.peak_gb, 1)
+                    waited = None if gate is None else gate_waited(gate.parent, name)
+                    if waited is not None:
+                        res.light_peak_gb, res.gate_wait_s = round(sampler.light_peak_gb, 1), waited
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             res.duration_s = round(time.monotonic() - t0, 1)
@@ -286,8 +311,12 @@ def record_durations(results: Sequence[EnvResult], path: Path | None = None) -> 
     beside it (others are kept)."""
     p = path if path is not None else envs.project_root() / DURATIONS_FILE
     ok = [r for r in results if r.status == "ok"]
-    envdurations.write(p, {r.name: r.duration_s for r in ok}, cold={r.name for r in ok if r.cold_cache})
-    record_peaks({r.name: r.peak_memory_gb for r in ok if r.peak_memory_gb > 0}, p.with_name(Path(MEMORY_FILE).name))
+    # Its own work: the time it waited for another environment's heavy phase to end is not.
+    seconds = {r.name: round(r.duration_s - r.gate_wait_s, 1) for r in ok}
+    envdurations.write(p, seconds, cold={r.name for r in ok if r.cold_cache})
+    memory = p.with_name(Path(MEMORY_FILE).name)
+    record_peaks({r.name: r.peak_memory_gb for r in ok if r.peak_memory_gb > 0}, memory)
+    record_peaks({r.name: r.light_peak_gb for r in ok if r.light_peak_gb > 0}, light_memory_file(memory))
     return p
 
 
@@ -325,6 +354,11 @@ def run_matrix(
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = list(names) if names else list(m.environments)
     cold = {name: cache_is_cold(name) for name in selected}  # before any runs: each records the case it was
+    peaks = recorded_peaks(ws.memory_file) if ws.memory_file is not None else {}
+    light = gated(peaks, recorded_peaks(light_memory_file(ws.memory_file))) if ws.memory_file is not None else {}
+    gate_dir = out_dir / "heavy-gate"
+    gate_dir.mkdir(exist_ok=True)
+    gates = {name: gate_lock(gate_dir, name, light) for name in selected}
     if pruned := prune_unused_caches():
         log(f"[matrix] pruned {len(pruned)} cache entries unused for {UNUSED_CACHE_MAX_AGE_S / 86400:.0f} days")
     if jobs == 1:
@@ -341,10 +375,11 @@ def run_matrix(
                     log=log,
                     ws=ws,
                     cold_cache=cold[name],
+                    gate=gates[name],
                 )
             )
     else:
-        results = _run_parallel(selected, m, pytest_args, build, out_dir, log, jobs, ws, cold)
+        results = _run_parallel(selected, m, pytest_args, build, out_dir, log, jobs, ws, cold, gates, peaks, light)
     about = {"project": ws.project_name, "selected": selected, **(run or {})}
     write_reports(results, m, out_dir, claims=ws.is_checkout, run=about)
     return results
@@ -392,6 +427,9 @@ def _run_parallel(
     jobs: int,
     ws: Workspace,
     cold: dict[str, bool],
+    gates: dict[str, Path],
+    peaks: dict[str, float],
+    light: dict[str, float],
 ) -> list[EnvResult]:
     lock, build_lock = fork_safe_lock(), fork_safe_lock()
 
@@ -413,10 +451,12 @@ def _run_parallel(
             build_lock=build_lock,
             ws=ws,
             cold_cache=cold[name],
+            gate=gates[name],
         )
+        waited = f" ({res.gate_wait_s:.0f}s of it waiting for the heavy phase's gate)" if res.gate_wait_s >= 1 else ""
         say(
             f"[matrix] {name}: {res.status}, {res.passed} passed, {res.failed + res.errors} failed, "
-            f"{res.skipped} skipped in {res.duration_s:.0f}s"
+            f"{res.skipped} skipped in {res.duration_s:.0f}s{waited}"
         )
         if not res.ok and logfile.exists():
             tail = logfile.read_text(encoding="utf-8", errors="replace").splitlines()[-80:]
@@ -424,8 +464,9 @@ def _run_parallel(
         return res
 
     order = schedule(selected, expected_durations(ws.durations_file))
-    peaks = recorded_peaks(ws.memory_file) if ws.memory_file is not None else {}
-    done = run_admitted(order, peaks, jobs, one)
+    if light:
+        say(f"[matrix] heavy phases one at a time: {', '.join(n for n in order if n in light)}")
+    done = run_admitted(order, peaks, jobs, one, light=light)
     return [done[n] for n in selected]
 
 

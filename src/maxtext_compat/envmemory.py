@@ -6,6 +6,15 @@ single-threaded), so a third environment at once shortens `make test`; but the e
 proportional set size of its process tree: pytest, servers, partner processes) is measured while it
 runs and recorded in tests/env_memory.json; the scheduler starts an environment only when the recorded peaks
 of those running plus its own fit the budget.
+
+A peak lasts minutes of a run that takes half an hour: the servers and real models come last in an environment's
+run (its heavy phase), and before them it holds a few GB. A matrix run therefore hands each environment a lock
+file (`GATE_VAR`): its test process takes it before its first heavy test, marks the phase's start beside it and
+holds it until it exits (`enter_heavy_phase`). The gated environments share one lock, so one of them at a time is in
+its heavy phase, and the scheduler counts each running one at its light peak (its peak before the mark, recorded in
+tests/env_memory_light.json) plus the largest heavy excess among them, instead of every one at its peak. The others
+(a small heavy excess, or no light peak recorded yet) each get a lock of their own, never wait, and count at their
+peak as before; their marks record their light peaks for the next plan.
 """
 
 from __future__ import annotations
@@ -23,6 +32,11 @@ from typing import TypeVar
 from maxtext_compat.locks import fork_safe_lock
 
 MEMORY_FILE = "tests/env_memory.json"
+LIGHT_MEMORY_NAME = "env_memory_light.json"  # beside MEMORY_FILE: each environment's peak before its heavy phase
+GATE_VAR = "MAXTEXT_COMPAT_HEAVY_GATE"  # the lock file an environment's test process takes for its heavy phase
+SHARED_LOCK = "shared.lock"  # the gated environments' one lock, in the run's gate folder
+HEAVY_MARK = ".heavy"  # <gate folder>/<environment>.heavy: its heavy phase began (the seconds it waited)
+GATE_MIN_EXCESS_GB = 2.0  # an environment whose peak exceeds its light peak by less runs ungated, counted at its peak
 BUDGET_VAR = "MAXTEXT_COMPAT_MEMORY_GB"
 BUDGET_SHARE = 0.8  # of the machine's memory, when BUDGET_VAR is unset
 MAX_BUDGET_GB = float(1 << 20)  # 1 PiB: anything above is a typo
@@ -77,9 +91,16 @@ class PeakSampler:
     """Samples a process tree's memory (`tree_memory_gb`) every `interval` seconds in a thread; `.peak_gb` once
     stopped."""
 
-    def __init__(self, root: int, interval: float = 1.0, reader: Callable[[int], float] = tree_memory_gb) -> None:
-        self.root, self.interval, self._reader = root, interval, reader
+    def __init__(
+        self,
+        root: int,
+        interval: float = 1.0,
+        reader: Callable[[int], float] = tree_memory_gb,
+        heavy_mark: Path | None = None,
+    ) -> None:
+        self.root, self.interval, self._reader, self._heavy_mark = root, interval, reader, heavy_mark
         self.peak_gb = 0.0
+        self.light_peak_gb = 0.0  # the peak while `heavy_mark` did not exist yet (before the heavy phase)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"memory-{root}", daemon=True)
 
@@ -93,9 +114,57 @@ class PeakSampler:
 
     def _run(self) -> None:
         while True:
-            self.peak_gb = max(self.peak_gb, self._reader(self.root))
+            light = self._heavy_mark is None or not self._heavy_mark.exists()  # asked first: a sample after the
+            now = self._reader(self.root)  # mark appeared may already hold the heavy phase's memory
+            self.peak_gb = max(self.peak_gb, now)
+            if light:
+                self.light_peak_gb = max(self.light_peak_gb, now)
             if self._stop.wait(self.interval):
                 return
+
+
+_HELD_GATE: list[int] = []  # the gate's lock, held by this process from its heavy phase until it exits
+
+
+def enter_heavy_phase() -> float:
+    """Wait until this test process may start its heavy phase (servers, real models) and hold the gate until it
+    exits; returns the seconds waited. Outside a gated matrix run, or once held, it returns 0.0 at once.
+
+    The lock is a `flock` on a file in the gate's folder: the kernel releases it when the process ends however it
+    ends, so a crashed environment never holds it; children started with `subprocess` do not inherit it."""
+    lock = os.environ.get(GATE_VAR)
+    if not lock or _HELD_GATE:
+        return 0.0
+    import fcntl
+    import time
+
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    t0 = time.monotonic()
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    waited = time.monotonic() - t0
+    _HELD_GATE.append(fd)
+    heavy_mark(Path(lock).parent, os.environ.get("MAXTEXT_COMPAT_ENV") or str(os.getpid())).write_text(
+        f"{waited:.1f}\n", encoding="ascii"
+    )
+    return waited
+
+
+def heavy_mark(gate: Path, name: str) -> Path:
+    """Where environment `name`'s test process marks the start of its heavy phase (with the seconds it waited)."""
+    return gate / (name + HEAVY_MARK)
+
+
+def gate_lock(gate: Path, name: str, gated_names: Sequence[str] | dict[str, float]) -> Path:
+    """The lock file environment `name` takes for its heavy phase: the shared one when it is gated, else its own."""
+    return gate / (SHARED_LOCK if name in gated_names else f"{name}.lock")
+
+
+def gate_waited(gate: Path, name: str) -> float | None:
+    """The seconds environment `name` waited for its lock, or None when its run had no heavy phase."""
+    try:
+        return float(heavy_mark(gate, name).read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return None
 
 
 def recorded_peaks(path: Path) -> dict[str, float]:
@@ -115,6 +184,11 @@ def record_peaks(peaks: dict[str, float], path: Path) -> Path:
     data.update({k: math.ceil(v * 10 - 1e-9) / 10 for k, v in peaks.items()})
     path.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def light_memory_file(memory_file: Path) -> Path:
+    """The light peaks' file beside the peaks' file."""
+    return memory_file.with_name(LIGHT_MEMORY_NAME)
 
 
 def machine_memory_gb() -> float:
@@ -137,25 +211,48 @@ def memory_budget_gb() -> float:
     return BUDGET_SHARE * machine_memory_gb() if gb is None else gb
 
 
+def gated(peaks: dict[str, float], light: dict[str, float]) -> dict[str, float]:
+    """The light peak of each environment whose heavy phase is gated: one with a recorded light peak below its peak
+    by at least GATE_MIN_EXCESS_GB."""
+    return {n: lo for n, lo in light.items() if n in peaks and peaks[n] - lo >= GATE_MIN_EXCESS_GB}
+
+
 class Admission:
     """Starts environments at most `jobs` at once and only while their recorded peaks fit the budget.
 
     The first in order that fits starts (the order is longest first; a small one may start before a big one
-    that has to wait for memory); one that alone exceeds the budget runs by itself."""
+    that has to wait for memory); one that alone exceeds the budget runs by itself. `light`: the gated
+    environments' light peaks (`gated`); running ones count at their light peak plus the largest heavy excess
+    among them (only one is in its heavy phase at a time), the others at their peak."""
 
-    def __init__(self, order: Sequence[str], peaks: dict[str, float], jobs: int, budget_gb: float) -> None:
+    def __init__(
+        self,
+        order: Sequence[str],
+        peaks: dict[str, float],
+        jobs: int,
+        budget_gb: float,
+        light: dict[str, float] | None = None,
+    ) -> None:
         self._order = list(order)
         self._peaks = {n: peaks.get(n, UNKNOWN_PEAK_GB) for n in order}
+        self._light = {n: min(lo, self._peaks[n]) for n, lo in (light or {}).items() if n in self._peaks}
         self._jobs, self._budget = jobs, budget_gb
         self._running: set[str] = set()
         self._cond = threading.Condition(fork_safe_lock())
 
+    def needs_gb(self, names: Sequence[str]) -> float:
+        """The memory `names` running together may take: the gated at their light peaks plus the largest of their
+        heavy excesses, the others at their peaks."""
+        light = [self._light[n] for n in names if n in self._light]
+        excess = [self._peaks[n] - self._light[n] for n in names if n in self._light]
+        return sum(self._peaks[n] for n in names if n not in self._light) + sum(light) + max(excess, default=0.0)
+
     def _first_fitting(self) -> str | None:
         if len(self._running) >= self._jobs:
             return None
-        used = sum(self._peaks[n] for n in self._running)
+        running = list(self._running)
         for name in self._order:
-            if not self._running or used + self._peaks[name] <= self._budget:
+            if not self._running or self.needs_gb([*running, name]) <= self._budget:
                 return name
         return None
 
@@ -183,12 +280,18 @@ class Admission:
 
 
 def run_admitted(
-    order: Sequence[str], peaks: dict[str, float], jobs: int, work: Callable[[str], T], budget_gb: float | None = None
+    order: Sequence[str],
+    peaks: dict[str, float],
+    jobs: int,
+    work: Callable[[str], T],
+    budget_gb: float | None = None,
+    light: dict[str, float] | None = None,
 ) -> dict[str, T]:
     """`work(name)` for every name, at most `jobs` at once, each started by `Admission` (in `order`, when its
-    recorded peak fits `budget_gb`, default `memory_budget_gb()`); returns each name's result. The one scheduler of
-    the test matrix and of the demo in every environment. A `work` that raises raises here once all have ended."""
-    gate = Admission(order, peaks, jobs, memory_budget_gb() if budget_gb is None else budget_gb)
+    recorded peak fits `budget_gb`, default `memory_budget_gb()`; `light`: the gated environments' light peaks, whose
+    `work` must pass them the gate); returns each name's result. The one scheduler of the test matrix and of the
+    demo in every environment. A `work` that raises raises here once all have ended."""
+    gate = Admission(order, peaks, jobs, memory_budget_gb() if budget_gb is None else budget_gb, light)
 
     def finished(name: str, _future: Future[T]) -> None:
         gate.finished(name)

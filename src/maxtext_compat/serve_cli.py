@@ -57,7 +57,6 @@ TINY_VLLM_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--num-gpu-blocks-override", "16"),
 )
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
-RPC_DIR_VAR = "VLLM_RPC_BASE_PATH"  # where vLLM's processes put their IPC sockets
 
 
 @dataclass
@@ -350,11 +349,10 @@ def run(ns: argparse.Namespace, passthrough: Sequence[str]) -> int:
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
-    env = {**os.environ, **cmd.env_changes}
-    owned = [cmd.temporary_model_dir] if cmd.temporary_model_dir is not None else []
-    if RPC_DIR_VAR not in env:  # vLLM's ZMQ sockets, which a killed engine leaves in $TMPDIR: a folder of ours
-        env[RPC_DIR_VAR] = tempdirs.make("maxtext_compat_rpc_")
-        owned.append(env[RPC_DIR_VAR])
+    # The server's processes get a $TMPDIR of their own: what they leave there when killed (vLLM's IPC sockets, its
+    # Prometheus folder, torch's and JAX's scratch) goes with the server instead of piling up in the user's.
+    env = {**os.environ, **cmd.env_changes, "TMPDIR": tempdirs.make("maxtext_compat_serve_")}
+    owned = [env["TMPDIR"]] + ([cmd.temporary_model_dir] if cmd.temporary_model_dir is not None else [])
     for path in owned:
         tempdirs.hand_to_exec(path)  # removed once the server and every process it forked have exited
     os.execve(cmd.argv[0], cmd.argv, env)

@@ -514,3 +514,35 @@ def test_record_durations_keeps_other_environments_and_skips_failed_runs(tmp_pat
     bad = report_results.EnvResult(name="a", maxtext=None, failed=1, duration_s=1.0, status="failed")
     env_runner.record_durations([ok, cold, bad], f)
     assert json.loads(f.read_text()) == {"a": {"warm": 10}, "b": {"warm": 33}, "c": {"cold": 71, "warm": 5}}
+
+
+def test_a_run_splits_its_peak_at_the_heavy_phase_and_records_both(matrix, tmp_path):
+    """The environment's test process marks its heavy phase (enter_heavy_phase, the lock file the runner hands it);
+    the runner's sampler records the peak before the mark as the light peak, and record_durations writes both."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_x.py").write_text(
+        "import time\n"
+        "from maxtext_compat import envmemory\n"
+        "def hold(mb):\n"
+        "    held = bytearray(mb * 2**20)\n"
+        "    held[::4096] = b'x' * len(held[::4096])\n"
+        "    time.sleep(2.5)  # the sampler reads every second\n"
+        "def test_1_light():\n"
+        "    hold(300)\n"
+        "def test_2_heavy():\n"
+        "    assert envmemory.enter_heavy_phase() < 1.0\n"
+        "    hold(1000)\n"
+    )
+    (r,) = env_runner.run_matrix(
+        ["tiny"], matrix=matrix, report_dir=tmp_path / "build", pytest_args=[str(suite), "-q"], log=lambda _: None
+    )
+    assert r.status == "ok" and r.passed == 2
+    assert r.light_peak_gb >= 0.3 and r.peak_memory_gb - r.light_peak_gb >= 0.5, (r.light_peak_gb, r.peak_memory_gb)
+    assert r.gate_wait_s < 1.0
+    durations = tmp_path / "records" / "env_durations.json"
+    durations.parent.mkdir()
+    env_runner.record_durations([dataclasses.replace(r, gate_wait_s=2.0)], durations)
+    light = json.loads((tmp_path / "records" / "env_memory_light.json").read_text())
+    assert light == {"tiny": pytest.approx(r.light_peak_gb, abs=0.1)}
+    assert envdurations.read(durations)["tiny"].longest() == pytest.approx(r.duration_s - 2.0, abs=1.0)  # not the wait

@@ -59,6 +59,82 @@ def test_jobs_caps_the_count_even_when_memory_allows():
     assert gate.next() == "c"
 
 
+def test_gated_environments_count_at_their_light_peaks_plus_the_largest_heavy_excess():
+    """Three heavy environments (peaks 12, 11, 10 GB; light 3, 3, 2) never fit together at their peaks (18 GB budget),
+    but with one heavy phase at a time they do: 3 + 3 + 2 + the largest excess 9 = 17."""
+    peaks = {"a": 12.0, "b": 11.0, "c": 10.0, "small": 1.5}
+    light = envmemory.gated(peaks, {"a": 3.0, "b": 3.0, "c": 2.0, "small": 1.0})
+    assert light == {"a": 3.0, "b": 3.0, "c": 2.0}  # "small" exceeds its light peak by 0.5 GB: not gated
+    gate = envmemory.Admission(["a", "b", "c", "small"], peaks, jobs=4, budget_gb=18.0, light=light)
+    assert gate.needs_gb(["a", "b", "c"]) == pytest.approx(17.0)
+    assert gate.needs_gb(["a", "small"]) == pytest.approx(3.0 + 9.0 + 1.5)  # the ungated at its peak
+    assert [gate.next(), gate.next(), gate.next()] == ["a", "b", "c"]
+    assert gate.startable() is None  # 17 + 1.5 > 18
+    ungated = envmemory.Admission(["a", "b", "c"], peaks, jobs=3, budget_gb=18.0)
+    assert ungated.next() == "a" and ungated.startable() is None  # at their peaks, one at a time
+
+
+def test_the_sampler_splits_the_peak_at_the_heavy_mark(tmp_path):
+    mark = tmp_path / "env.heavy"
+    readings = iter([2.0, 3.0, 9.0, 4.0])
+    done = threading.Event()
+
+    def reader(_pid: int) -> float:
+        value = next(readings, None)
+        if value == 3.0:
+            mark.write_text("0.0\n")  # the heavy phase begins after this reading
+        if value is None:
+            done.set()
+            return 0.0
+        return value
+
+    with envmemory.PeakSampler(1, interval=0.001, reader=reader, heavy_mark=mark) as sampler:
+        assert done.wait(HANG_GUARD_S)
+    assert (sampler.light_peak_gb, sampler.peak_gb) == (3.0, 9.0)
+
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+ENTER = """
+import os, sys
+from maxtext_compat import envmemory
+waited = envmemory.enter_heavy_phase()
+print(f"{waited:.2f}", flush=True)
+assert envmemory.enter_heavy_phase() == 0.0  # held already: at once
+"""
+
+
+def test_the_heavy_phase_waits_for_the_shared_lock_and_marks_its_start(tmp_path):
+    """A test process entering its heavy phase waits while another holds the shared lock, then writes its mark with
+    the seconds it waited; the kernel frees the lock when that process exits."""
+    lock = envmemory.gate_lock(tmp_path, "maxtext-0.2.5", {"maxtext-0.2.5": 3.0})
+    assert lock == tmp_path / envmemory.SHARED_LOCK
+    assert envmemory.gate_lock(tmp_path, "unit", {"maxtext-0.2.5": 3.0}) == tmp_path / "unit.lock"  # its own
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), "1.5"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    env = {**os.environ, envmemory.GATE_VAR: str(lock), "MAXTEXT_COMPAT_ENV": "maxtext-0.2.5"}
+    out = subprocess.run([sys.executable, "-c", ENTER], env=env, capture_output=True, text=True, check=True,
+                         timeout=HANG_GUARD_S)  # fmt: skip
+    holder.wait()
+    waited = float(out.stdout.strip())
+    assert 0.5 <= waited == pytest.approx(envmemory.gate_waited(tmp_path, "maxtext-0.2.5"), abs=0.06)
+    again = subprocess.run([sys.executable, "-c", ENTER], env=env, capture_output=True, text=True, check=True,
+                           timeout=HANG_GUARD_S)  # fmt: skip
+    assert float(again.stdout.strip()) < 0.5  # the first one's exit released it
+    assert envmemory.gate_waited(tmp_path, "unit") is None  # no heavy phase: no mark
+
+
+def test_outside_a_gated_run_the_heavy_phase_starts_at_once(monkeypatch):
+    monkeypatch.delenv(envmemory.GATE_VAR, raising=False)
+    assert envmemory.enter_heavy_phase() == 0.0
+
+
 def test_tree_memory_counts_the_children():
     me = envmemory.tree_memory_gb(os.getpid())
     assert me > 0.01  # this interpreter alone holds well over 10 MB

@@ -59,17 +59,57 @@ def test_the_run_says_what_it_left_out(suite, monkeypatch):
     )
 
 
-def test_the_modules_that_stay_large_in_the_process_run_last_each_whole(suite, monkeypatch):
-    """RUN_LAST's modules after every other (in their own order), each module whole, the rest as collected."""
+def test_the_heavy_phase_runs_last_serving_first_then_what_stays_large_each_module_whole(suite, monkeypatch):
+    """The light modules as collected, then the serving modules, then RUN_LAST's, each module whole."""
     monkeypatch.delenv("MAXTEXT_COMPAT_ENV", raising=False)
-    for name in ("test_real_gemma3", "test_convert_checkpoint", "test_b", "test_a"):
+    for name in ("test_real_gemma3", "test_convert_checkpoint", "test_serving_vllm", "test_b", "test_a"):
         (suite.path / "tests" / f"{name}.py").write_text("def test_1(): pass\ndef test_2(): pass\n")
     res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider", "--collect-only", "-q")
     files = [line.split("::")[0].rsplit("/", 1)[-1] for line in res.stdout.lines if "::" in line]
-    assert (
-        files
-        == ["test_a.py"] * 2 + ["test_b.py"] * 2 + ["test_convert_checkpoint.py"] * 2 + ["test_real_gemma3.py"] * 2
-    ), files
+    heavy = ["test_serving_vllm.py"] * 2 + ["test_convert_checkpoint.py"] * 2 + ["test_real_gemma3.py"] * 2
+    assert files == ["test_a.py"] * 2 + ["test_b.py"] * 2 + heavy, files
+
+
+def test_the_first_heavy_test_takes_the_gate_and_light_ones_do_not(suite, monkeypatch, tmp_path):
+    """In a gated run, the light module runs before the mark exists; the serving module's first test has the lock
+    (another open of the file cannot take it) and the mark; the lock is free once the run has exited."""
+    import fcntl
+    import os
+
+    from maxtext_compat import envmemory
+
+    lock = tmp_path / "gate" / envmemory.SHARED_LOCK
+    lock.parent.mkdir()
+    mark = envmemory.heavy_mark(lock.parent, "maxtext-0.2.5")
+    monkeypatch.setenv(envmemory.GATE_VAR, str(lock))
+    monkeypatch.setenv("MAXTEXT_COMPAT_ENV", "maxtext-0.2.5")
+    probe = (
+        "import fcntl, os, pytest\n"
+        f"MARK, LOCK = {str(mark)!r}, {str(lock)!r}\n"
+        "def held():\n"
+        "    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT)\n"
+        "    try:\n"
+        "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "        return False\n"
+        "    except BlockingIOError:\n"
+        "        return True\n"
+        "    finally:\n"
+        "        os.close(fd)\n"
+    )
+    (suite.path / "tests" / "test_a.py").write_text(
+        probe + "def test_light():\n    assert not os.path.exists(MARK) and not held()\n"
+    )
+    (suite.path / "tests" / "test_serving_vllm.py").write_text(
+        probe + "def test_heavy():\n    assert os.path.exists(MARK) and held()\n"
+    )
+    res = suite.runpytest_subprocess("tests", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=2)
+    assert envmemory.gate_waited(lock.parent, "maxtext-0.2.5") == pytest.approx(0.0, abs=0.5)
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: the process that held it has exited
+    finally:
+        os.close(fd)
 
 
 def _write_unit(p: pytest.Pytester) -> None:

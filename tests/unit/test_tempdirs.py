@@ -131,11 +131,13 @@ def test_a_forked_child_does_not_remove_its_parents_directory(tmp):
 
 def _fake_vllm(tmp_path: Path, body: str) -> Path:
     """A stand-in `vllm`: `serve` execs it as `vllm serve MODEL ...`; it checks the model directory is there and
-    leaves an IPC socket's file in VLLM_RPC_BASE_PATH, as a killed vLLM engine does."""
+    that its $TMPDIR is the server's own folder, and leaves a file in it, as a killed vLLM engine leaves its IPC
+    sockets."""
     script = tmp_path / "vllm"
     script.write_text(
-        f'#!/bin/sh\n[ -f "$2/config.json" ] || exit 3\n[ -d "$VLLM_RPC_BASE_PATH" ] || exit 4\n'
-        f'touch "$VLLM_RPC_BASE_PATH/socket"\n{body}\n'
+        f'#!/bin/sh\n[ -f "$2/config.json" ] || exit 3\n'
+        f'case "$TMPDIR" in */maxtext_compat_serve_*) ;; *) exit 4 ;; esac\n'
+        f'touch "$TMPDIR/socket"\n{body}\n'
     )
     script.chmod(0o755)
     return script
@@ -143,31 +145,17 @@ def _fake_vllm(tmp_path: Path, body: str) -> Path:
 
 @pytest.mark.parametrize("body", ["exit 0", "kill -9 $$"], ids=["exits", "killed"])
 def test_serve_tiny_model_directory_is_removed_after_the_server_ends(tmp_path, tmp, body):
-    """`maxtext-compat serve --tiny` execs vLLM, so no exit handler of ours runs: the watcher removes the directory
-    once the server has ended, even killed."""
+    """`maxtext-compat serve --tiny` execs vLLM, so no exit handler of ours runs: the watcher removes the model
+    directory and the server's own $TMPDIR once the server has ended, even killed."""
     vllm = _fake_vllm(tmp_path, body)
     env = {**os.environ, "TMPDIR": str(tmp), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
         [sys.executable, "-m", "maxtext_compat.cli", "serve", "--tiny", "--vllm-bin", str(vllm)],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
-    assert proc.returncode == (0 if body == "exit 0" else -9), proc.stderr  # 3, 4: a directory was not there
+    assert proc.returncode == (0 if body == "exit 0" else -9), proc.stderr  # 3: no model dir; 4: not its own TMPDIR
     assert "maxtext_compat_tiny_model_" in proc.stderr  # the note names the directory it wrote
     assert _emptied(tmp) == []
-
-
-def test_serve_keeps_the_ipc_folder_the_user_chose(tmp_path, tmp):
-    """VLLM_RPC_BASE_PATH given: vLLM's sockets go there and the folder is the user's (not removed, none made)."""
-    chosen = tmp_path / "rpc"
-    chosen.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp), "JAX_PLATFORMS": "cpu", "VLLM_RPC_BASE_PATH": str(chosen)}
-    vllm = _fake_vllm(tmp_path, "exit 0")
-    proc = subprocess.run(
-        [sys.executable, "-m", "maxtext_compat.cli", "serve", "--tiny", "--vllm-bin", str(vllm)],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert _emptied(tmp) == [] and os.listdir(chosen) == ["socket"]
 
 
 def test_serve_tiny_dry_run_keeps_the_directory_its_command_names(tmp):

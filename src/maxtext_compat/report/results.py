@@ -34,6 +34,8 @@ class EnvResult:
     detail: str = ""
     peak_memory_gb: float = 0.0  # summed memory (PSS) of the run's process tree at its highest
     cold_cache: bool = False  # its JAX compilation cache held nothing when it started (envdurations)
+    light_peak_gb: float = 0.0  # the peak before its heavy phase began (0.0: the run had none; envmemory)
+    gate_wait_s: float = 0.0  # seconds its test process waited for the heavy phase's gate (not its own work)
 
     @property
     def ok(self) -> bool:
