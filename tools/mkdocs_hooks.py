@@ -9,7 +9,6 @@ nobody listed would otherwise fail the strict build): a page another change adds
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -107,16 +106,23 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
 
 
 def recorded_times() -> str:
-    """tests/env_durations.json (cold and warm) and tests/env_memory.json as one table, with the sums of the times."""
-    from maxtext_compat import envdurations
+    """tests/env_durations.json (cold and warm), tests/env_memory.json and env_memory_light.json as one table, with
+    the sums of the times."""
+    from maxtext_compat import envdurations, envmemory
 
     recorded = envdurations.read(REPO / "tests" / "env_durations.json")
-    memory = json.loads((REPO / "tests" / "env_memory.json").read_text(encoding="utf-8"))
-    lines = ["| environment | cold cache (s) | warm cache (s) | peak memory (GB) |", "|---|---:|---:|---:|"]
+    memory = envmemory.recorded_peaks(REPO / "tests" / "env_memory.json")
+    light = envmemory.recorded_peaks(REPO / "tests" / envmemory.LIGHT_MEMORY_NAME)
+    gated = envmemory.gated(memory, light)
+    lines = [
+        "| environment | cold cache (s) | warm cache (s) | peak memory (GB) | light peak (GB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     shown = lambda s: "-" if s is None else f"{s:.0f}"  # noqa: E731
     for name in sorted(recorded, key=lambda n: -recorded[n].longest()):
         r = recorded[name]
-        lines.append(f"| `{name}` | {shown(r.cold)} | {shown(r.warm)} | {memory.get(name, float('nan')):.1f} |")
+        lo = f"{light[name]:.1f}" + (" (gated)" if name in gated else "") if name in light else "-"
+        lines.append(f"| `{name}` | {shown(r.cold)} | {shown(r.warm)} | {memory.get(name, float('nan')):.1f} | {lo} |")
     for case in (envdurations.COLD, envdurations.WARM):
         total = sum(r.planned(case == envdurations.COLD) for r in recorded.values())
         lines.append(f"\nIn all, {case}: {total:.0f} s ({total / 60:.1f} min) in {len(recorded)} environments.")

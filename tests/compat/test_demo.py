@@ -14,7 +14,15 @@ import pytest
 
 from maxtext_compat import demo
 
-pytestmark = pytest.mark.needs_maxtext
+# `make demo` runs the demo in every MaxText environment. In `make test` it runs where it proves something the other
+# tests of the environment do not: the native path with the real model (0.2.5 without it, 0.2.4 with it), the
+# backport (0.1.0-jax011) and MaxText 0.1.0 without tpu-inference, whose config prints are the console's noise. In
+# 0.2.0 to 0.2.3 its sections (old and new call, paged decode equal to dense) repeat the adapters' and the engine's
+# tests there, at 30 to 110 s each; `make test-extended` runs it there too.
+pytestmark = [
+    pytest.mark.needs_maxtext,
+    pytest.mark.extended_in("maxtext-0.2.0", "maxtext-0.2.1", "maxtext-0.2.2", "maxtext-0.2.3"),
+]
 
 # The demo's real-model section (SmolLM2 against transformers) runs in maxtext-0.2.4 for the releases on
 # maxtext-0.2.5's pins; test_real_model.py and test_serving_real_model.py check the same model in maxtext-0.2.5 and
