@@ -23,6 +23,7 @@ from maxtext_compat import envdurations, envs, workspace
 from maxtext_compat.atomic_file import PARTIAL_GLOB
 from maxtext_compat.envmemory import (
     GATE_VAR,
+    MARK_VAR,
     MEMORY_FILE,
     PeakSampler,
     gate_lock,
@@ -138,9 +139,9 @@ def run_env(
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     mark = None
     if gate is not None:
-        env[GATE_VAR] = str(gate)
         mark = heavy_mark(gate.parent, name)
         mark.unlink(missing_ok=True)  # a mark of an earlier run in the same report folder
+        env[GATE_VAR], env[MARK_VAR] = str(gate), str(mark)
     # An environment that lists its test files runs only those (a kernel-only one has no MaxText to test).
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args, *spec.tests]
     log(f"[matrix] {name}: {' '.join(cmd[1:])}" + (f" > {output}" if output else ""))

@@ -9,7 +9,7 @@ of those running plus its own fit the budget.
 
 A peak lasts minutes of a run that takes half an hour: the servers and real models come last in an environment's
 run (its heavy phase), and before them it holds a few GB. A matrix run therefore hands each environment a lock
-file (`GATE_VAR`): its test process takes it before its first heavy test, marks the phase's start beside it and
+file (`GATE_VAR`): its test process takes it before its first heavy test, marks the phase's start (`MARK_VAR`) and
 holds it until it exits (`enter_heavy_phase`). The gated environments share one lock, so one of them at a time is in
 its heavy phase, and the scheduler counts each running one at its light peak (its peak before the mark, recorded in
 tests/env_memory_light.json) plus the largest heavy excess among them, instead of every one at its peak. The others
@@ -24,7 +24,8 @@ import json
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -34,8 +35,8 @@ from maxtext_compat.locks import fork_safe_lock
 MEMORY_FILE = "tests/env_memory.json"
 LIGHT_MEMORY_NAME = "env_memory_light.json"  # beside MEMORY_FILE: each environment's peak before its heavy phase
 GATE_VAR = "MAXTEXT_COMPAT_HEAVY_GATE"  # the lock file an environment's test process takes for its heavy phase
+MARK_VAR = "MAXTEXT_COMPAT_HEAVY_MARK"  # the file it writes when its heavy phase begins (the seconds it waited)
 SHARED_LOCK = "shared.lock"  # the gated environments' one lock, in the run's gate folder
-HEAVY_MARK = ".heavy"  # <gate folder>/<environment>.heavy: its heavy phase began (the seconds it waited)
 GATE_MIN_EXCESS_GB = 2.0  # an environment whose peak exceeds its light peak by less runs ungated, counted at its peak
 BUDGET_VAR = "MAXTEXT_COMPAT_MEMORY_GB"
 BUDGET_SHARE = 0.8  # of the machine's memory, when BUDGET_VAR is unset
@@ -130,31 +131,29 @@ def enter_heavy_phase() -> float:
     """Wait until this test process may start its heavy phase (servers, real models) and hold the gate until it
     exits; returns the seconds waited. Outside a gated matrix run, or once held, it returns 0.0 at once.
 
-    The lock is a `flock` on a file in the gate's folder: the kernel releases it when the process ends however it
-    ends, so a crashed environment never holds it; children started with `subprocess` do not inherit it."""
-    lock = os.environ.get(GATE_VAR)
-    if not lock or _HELD_GATE:
+    The lock is a `flock` on the file GATE_VAR names: the kernel releases it when the process ends however it
+    ends, so a crashed environment never holds it; children started with `subprocess` do not inherit it. The
+    phase's start is written to the file MARK_VAR names, which the runner's memory sampler watches."""
+    lock, mark = os.environ.get(GATE_VAR), os.environ.get(MARK_VAR)
+    if not lock or not mark or _HELD_GATE:
         return 0.0
-    import fcntl
-    import time
+    import fcntl  # POSIX only, as the matrix runner is (it reads /proc)
 
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     t0 = time.monotonic()
     fcntl.flock(fd, fcntl.LOCK_EX)
     waited = time.monotonic() - t0
     _HELD_GATE.append(fd)
-    heavy_mark(Path(lock).parent, os.environ.get("MAXTEXT_COMPAT_ENV") or str(os.getpid())).write_text(
-        f"{waited:.1f}\n", encoding="ascii"
-    )
+    Path(mark).write_text(f"{waited:.1f}\n", encoding="ascii")
     return waited
 
 
 def heavy_mark(gate: Path, name: str) -> Path:
     """Where environment `name`'s test process marks the start of its heavy phase (with the seconds it waited)."""
-    return gate / (name + HEAVY_MARK)
+    return gate / f"{name}.heavy"
 
 
-def gate_lock(gate: Path, name: str, gated_names: Sequence[str] | dict[str, float]) -> Path:
+def gate_lock(gate: Path, name: str, gated_names: Collection[str]) -> Path:
     """The lock file environment `name` takes for its heavy phase: the shared one when it is gated, else its own."""
     return gate / (SHARED_LOCK if name in gated_names else f"{name}.lock")
 

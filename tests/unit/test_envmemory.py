@@ -118,7 +118,8 @@ def test_the_heavy_phase_waits_for_the_shared_lock_and_marks_its_start(tmp_path)
     assert envmemory.gate_lock(tmp_path, "unit", {"maxtext-0.2.5": 3.0}) == tmp_path / "unit.lock"  # its own
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), "1.5"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    env = {**os.environ, envmemory.GATE_VAR: str(lock), "MAXTEXT_COMPAT_ENV": "maxtext-0.2.5"}
+    mark = envmemory.heavy_mark(tmp_path, "maxtext-0.2.5")
+    env = {**os.environ, envmemory.GATE_VAR: str(lock), envmemory.MARK_VAR: str(mark)}
     out = subprocess.run([sys.executable, "-c", ENTER], env=env, capture_output=True, text=True, check=True,
                          timeout=HANG_GUARD_S)  # fmt: skip
     holder.wait()
@@ -132,6 +133,7 @@ def test_the_heavy_phase_waits_for_the_shared_lock_and_marks_its_start(tmp_path)
 
 def test_outside_a_gated_run_the_heavy_phase_starts_at_once(monkeypatch):
     monkeypatch.delenv(envmemory.GATE_VAR, raising=False)
+    monkeypatch.delenv(envmemory.MARK_VAR, raising=False)
     assert envmemory.enter_heavy_phase() == 0.0
 
 

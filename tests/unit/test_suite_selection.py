@@ -82,6 +82,7 @@ def test_the_first_heavy_test_takes_the_gate_and_light_ones_do_not(suite, monkey
     lock.parent.mkdir()
     mark = envmemory.heavy_mark(lock.parent, "maxtext-0.2.5")
     monkeypatch.setenv(envmemory.GATE_VAR, str(lock))
+    monkeypatch.setenv(envmemory.MARK_VAR, str(mark))
     monkeypatch.setenv("MAXTEXT_COMPAT_ENV", "maxtext-0.2.5")
     probe = (
         "import fcntl, os, pytest\n"
