@@ -193,4 +193,16 @@ def test_a_memory_budget_that_is_not_gb_is_refused(monkeypatch, value):
 def test_the_default_budget_is_a_share_of_this_machine(monkeypatch):
     monkeypatch.delenv(envmemory.BUDGET_VAR, raising=False)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    assert envmemory.memory_budget_gb() == pytest.approx(0.8 * total, rel=0.02)
+    assert envmemory.memory_budget_gb() == pytest.approx(0.82 * total, rel=0.02)
+
+
+def test_an_environment_that_fits_beside_none_but_the_small_ones_starts_first_with_them():
+    """The environment "lonely" (15 GB) fits beside no other large one (18 GB budget) but beside the 1-GB ones: it
+    starts first, while they are there to fill the room, instead of last and alone; the others keep their order."""
+    order = ["long", "medium", "lonely", "kernel-a", "kernel-b"]
+    peaks = {"long": 9.0, "medium": 8.0, "lonely": 15.0, "kernel-a": 1.0, "kernel-b": 1.0}
+    gate = envmemory.Admission(order, peaks, jobs=3, budget_gb=18.0)
+    assert [gate.next(), gate.next(), gate.next()] == ["lonely", "kernel-a", "kernel-b"]
+    for name in ("lonely", "kernel-a", "kernel-b"):
+        gate.finished(name)
+    assert [gate.next(), gate.next(), gate.next()] == ["long", "medium", None]
