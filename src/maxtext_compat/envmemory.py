@@ -144,7 +144,18 @@ def enter_heavy_phase() -> float:
         return 0.0
     import fcntl  # POSIX only, as the matrix runner is (it reads /proc)
 
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        from maxtext_compat.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{GATE_VAR} names a lock file that cannot be opened",
+            argument=GATE_VAR,
+            expected="a writable path (the matrix runner sets it for each environment's run)",
+            found=f"{lock!r}: {exc.strerror}",
+            fix=f"unset {GATE_VAR} and {MARK_VAR} outside `maxtext-compat matrix`",
+        ) from exc
     t0 = time.monotonic()
     fcntl.flock(fd, fcntl.LOCK_EX)
     waited = time.monotonic() - t0

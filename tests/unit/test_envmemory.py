@@ -131,6 +131,14 @@ def test_the_heavy_phase_waits_for_the_shared_lock_and_marks_its_start(tmp_path)
     assert envmemory.gate_waited(tmp_path, "unit") is None  # no heavy phase: no mark
 
 
+def test_a_gate_that_cannot_be_opened_is_a_typed_error_naming_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(envmemory.GATE_VAR, str(tmp_path / "missing" / "shared.lock"))
+    monkeypatch.setenv(envmemory.MARK_VAR, str(tmp_path / "x.heavy"))
+    with pytest.raises(InvalidArgumentError) as err:
+        envmemory.enter_heavy_phase()
+    assert err.value.argument == envmemory.GATE_VAR and "missing" in str(err.value)
+
+
 def test_outside_a_gated_run_the_heavy_phase_starts_at_once(monkeypatch):
     monkeypatch.delenv(envmemory.GATE_VAR, raising=False)
     monkeypatch.delenv(envmemory.MARK_VAR, raising=False)
