@@ -37,12 +37,10 @@ def _foreign(original: Original) -> str | None:
         return None
     fn: Any = original.function
     for obj in (raw, fn):
-        theirs = wrapper_profile(obj)
-        if theirs is not None:
+        if wrapper_profile(obj) is not None:  # ours, but not this copy's: describe_object names its profile
             return (
-                f"a maxtext-compat wrapper of profile {theirs!r} that this copy of maxtext-compat did not install "
-                "(another copy of the library in this process, or a wrapper taken while installed and written back "
-                "after its uninstall)"
+                f"{describe_object(obj)} (another copy of the library in this process, or a wrapper taken while "
+                "installed and written back after its uninstall)"
             )
         if is_proxy(obj):
             kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
