@@ -60,8 +60,10 @@ demo: setup
 
 # The site is built first (a broken link, a missing page or a failing generator fails it in seconds); Chromium
 # opens the compat report page in tests/unit/test_report_page.py and photographs it at the end of the matrix.
-test: envs lint docs chromium
-	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3
+# The matrix builds each environment as it starts it (one build at a time, beside the environments already
+# running; a test that needs a partner environment first builds it then), so the builds overlap the tests.
+test: setup lint docs chromium
+	PATH="$(dir $(UV)):$$PATH" $(MC) matrix --jobs 3
 
 # MkDocs + Material, --strict: every warning (a link to a missing page or anchor, a page left out of the nav) fails.
 # tools/mkdocs_hooks.py generates the reference pages (CLI, matrix format, conventions, API, catalog, report) at build

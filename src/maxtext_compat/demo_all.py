@@ -139,7 +139,7 @@ def run_in_env(name: str, *, ws: Workspace, steps: int, real: bool, build_lock: 
                        seconds=time.monotonic() - t0)  # fmt: skip
     finally:
         log.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    env = {**ws.spec_env(spec), ENV_NAME_VAR: name, **compile_cache_env(name), **bytecode_cache_env()}
+    env = {**ws.spec_env(spec), ENV_NAME_VAR: name, **compile_cache_env(name, ws.matrix), **bytecode_cache_env()}
     for key in ("VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE"):
         env.pop(key, None)
     run = run_child(name, demo_command(envs.env_python(name, ws), steps=steps, real=real), env, log, cwd=ws.project)
@@ -233,8 +233,9 @@ def main(ws: Workspace, *, steps: int = 16, real: bool = True, jobs: int | None 
     jobs = jobs if jobs is not None else max(1, os.cpu_count() or 1)
     names = demo_environments(ws.matrix)
     seconds_file, peaks_file = records(ws)
-    cold = {n for n in names if cache_is_cold(n)}  # nothing else writes an environment's cache before its demo
-    order = schedule(names, expected_durations(seconds_file) if seconds_file is not None else {})
+    # Read before any demo runs: a demo writes into the cache it shares with the environments of its jaxlib.
+    cold = {n for n in names if cache_is_cold(n, ws.matrix)}
+    order = schedule(names, expected_durations(seconds_file, matrix=ws.matrix) if seconds_file is not None else {})
     peaks = recorded_peaks(peaks_file) if peaks_file is not None else {}
     err.write(f"[demo] {len(names)} environments, {jobs} at most at once, longest first: {' '.join(order)}\n")
     work = functools.partial(run_in_env, ws=ws, steps=steps, real=real, build_lock=fork_safe_lock(),

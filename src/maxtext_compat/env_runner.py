@@ -133,9 +133,9 @@ def run_env(
     env = ws.spec_env(spec)
     env[ENV_NAME_VAR] = name
     env.pop("VIRTUAL_ENV", None)
-    env.update(compile_cache_env(name))
+    env.update(compile_cache_env(name, matrix))
     env.update(bytecode_cache_env())
-    res.cold_cache = cache_is_cold(name) if cold_cache is None else cold_cache
+    res.cold_cache = cache_is_cold(name, matrix) if cold_cache is None else cold_cache
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     mark = None
     if gate is not None:
@@ -227,15 +227,27 @@ def cache_base() -> Path | None:
     return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-compat"
 
 
-def compile_cache_dir(name: str) -> Path | None:
-    """The folder of one environment's JAX compilation cache (None when caches are off)."""
+def compile_cache_folder(name: str, m: CompatMatrix | None = None) -> str:
+    """The cache folder's name: one per jaxlib release among the environments of `m` that pin one, else the
+    environment's own. JAX's key for an entry holds the program (debug locations stripped), the devices, the compile
+    options, the XLA flags and jaxlib's version, so an entry one environment wrote is another's hit only where that
+    one compiles the very same program (the same tiny model under two MaxText releases, the same kernel under two
+    tpu-inference releases); its lock file serialises the processes that share it."""
+    spec = m.environments.get(name) if m is not None else None
+    jaxlib = spec.pinned("jaxlib") or spec.pinned("jax") if spec is not None else None
+    return f"jaxlib-{jaxlib}" if jaxlib else name
+
+
+def compile_cache_dir(name: str, m: CompatMatrix | None = None) -> Path | None:
+    """The folder of one environment's JAX compilation cache (None when caches are off); with the matrix `m`, the
+    folder it shares with the environments of the same jaxlib (compile_cache_folder)."""
     base = cache_base()
-    return None if base is None else base / "jax-compile" / name
+    return None if base is None else base / "jax-compile" / compile_cache_folder(name, m)
 
 
-def compile_cache_env(name: str) -> dict[str, str]:
+def compile_cache_env(name: str, m: CompatMatrix | None = None) -> dict[str, str]:
     """JAX's persistent compilation cache for one environment (off when the variable is set to "")."""
-    folder = compile_cache_dir(name)
+    folder = compile_cache_dir(name, m)
     if folder is None:
         return {}
     return {
@@ -288,17 +300,21 @@ def _durations_path(path: Path | None) -> Path | None:
     return path if path is not None else None if root is None else root / DURATIONS_FILE
 
 
-def cache_is_cold(name: str) -> bool:
+def cache_is_cold(name: str, m: CompatMatrix | None = None) -> bool:
     """True when this environment's compilation cache holds nothing now: its run will compile everything."""
-    return envdurations.cache_is_cold(compile_cache_dir(name))
+    return envdurations.cache_is_cold(compile_cache_dir(name, m))
 
 
-def expected_durations(path: Path | None = None, *, cold: bool | None = None) -> dict[str, float]:
+def expected_durations(
+    path: Path | None = None, *, cold: bool | None = None, matrix: CompatMatrix | None = None
+) -> dict[str, float]:
     """Recorded seconds per environment (by default this checkout's; empty when the file is missing or
     unreadable): the cold figure where `cold`, the warm one where not, and by default the one matching each
-    environment's compilation cache now (the other where only one was measured)."""
+    environment's compilation cache now (of `matrix`'s folders; the other where only one was measured)."""
     recorded = envdurations.read(_durations_path(path))
-    return envdurations.planned(recorded, cache_is_cold if cold is None else lambda _name: cold)
+    if cold is not None:
+        return envdurations.planned(recorded, lambda _name: cold)
+    return envdurations.planned(recorded, lambda name: cache_is_cold(name, matrix))
 
 
 def longest_durations(path: Path | None = None) -> dict[str, float]:
@@ -354,7 +370,7 @@ def run_matrix(
     out_dir = report_dir if report_dir is not None else ws.state
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = list(names) if names else list(m.environments)
-    cold = {name: cache_is_cold(name) for name in selected}  # before any runs: each records the case it was
+    cold = {name: cache_is_cold(name, m) for name in selected}  # before any runs: each records the case it was
     peaks = recorded_peaks(ws.memory_file) if ws.memory_file is not None else {}
     light = gated(peaks, recorded_peaks(light_memory_file(ws.memory_file))) if ws.memory_file is not None else {}
     gate_dir = out_dir / "heavy-gate"
@@ -464,7 +480,7 @@ def _run_parallel(
             say("\n".join([f"[matrix] {name}: last lines of {logfile}:", *tail]))
         return res
 
-    order = schedule(selected, expected_durations(ws.durations_file))
+    order = schedule(selected, expected_durations(ws.durations_file, matrix=m))
     if light:
         say(f"[matrix] heavy phases one at a time: {', '.join(n for n in order if n in light)}")
     done = run_admitted(order, peaks, jobs, one, light=light)

@@ -20,7 +20,8 @@ import pytest
 
 pytestmark = [pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
 
-PLUGIN_SCRIPT = r"""
+# The plugin as vLLM loads it in a fresh process: registered twice, its state read. Sets `plugin`.
+REGISTER = r"""
 import json, inspect
 from maxtext_compat import vllm_plugin
 vllm_plugin.register()
@@ -31,13 +32,14 @@ from maxtext_compat.serving.model import MaxTextForCausalLM
 from maxtext_compat.patching.ledger import active_patches
 ml._validate_model_interface(MaxTextForCausalLM)
 st = vllm_plugin.state()
-print(json.dumps({
+plugin = {
     "registered": st.registered, "model": st.model, "reason": st.reason, "cpu_shim": st.cpu_shim,
     "ours": ml._MODEL_REGISTRY.get("MaxTextForCausalLM") is MaxTextForCausalLM,
     "vllm_knows": "MaxTextForCausalLM" in ModelRegistry.get_supported_archs(),
     "profiles": sorted({p.profile for p in active_patches()}),
-}))
+}
 """
+PLUGIN_SCRIPT = REGISTER + "print(json.dumps(plugin))\n"
 
 
 def _run(script: str, **env: str) -> dict[str, Any]:
@@ -50,8 +52,8 @@ def _run(script: str, **env: str) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_register_is_idempotent_and_installs_ours_with_the_cpu_shim() -> None:
-    r = _run(PLUGIN_SCRIPT)
+def test_register_is_idempotent_and_installs_ours_with_the_cpu_shim(registered: dict[str, Any]) -> None:
+    r = registered["plugin"]
     assert r["registered"] and r["model"] == "compat" and r["ours"] and r["vllm_knows"]
     assert r["cpu_shim"].startswith("installed (mesh, hbm, compiler_options, rpa, host_copy) [")
     assert {"cpu-serving", "cpu-rpa"} <= set(r["profiles"])
@@ -60,7 +62,7 @@ def test_register_is_idempotent_and_installs_ours_with_the_cpu_shim() -> None:
 # Every target a shim declares passes through the engine's transaction (`patching.apply`): a spy there reads each
 # one from its module or class (inspect.getattr_static: the raw object, not the engine's memory of it) before the
 # first write, and the same reading after `shims.uninstall()` must find that very object again.
-UNINSTALL_SCRIPT = r"""
+WATCH = r"""
 import importlib, inspect, json
 from maxtext_compat import patching
 MISSING = object()
@@ -79,11 +81,13 @@ def spy(name, specs, *, stack=False, settings=None):
         seen.setdefault(("setting", s.slot.target), (name, s.slot, s.slot.read()))
     return real_apply(name, specs, stack=stack, settings=settings)
 patching.apply = spy
-from maxtext_compat import shims, vllm_plugin
+"""
+# Then, after REGISTER: every shim uninstalled, each watched target read again. Prints both readings.
+UNDO = r"""
+from maxtext_compat import shims
 from maxtext_compat.kernel import interpret
 from maxtext_compat.patching import shim
 from maxtext_compat.patching.ledger import active_patches
-vllm_plugin.register()
 listed = {p.target.split(" ")[0] for p in active_patches()}
 patched = {t for (kind, t), v in seen.items() if kind == "spec" and raw(t) is not v[1]}
 hook_set = interpret.interpret_mode() is not None
@@ -92,21 +96,29 @@ def same(a, b):
     return a is b or (type(a) is type(b) and isinstance(a, (str, int, float, tuple)) and a == b)
 wrong = sorted(t for (kind, t), v in seen.items() if kind == "spec" and raw(t) is not v[1])
 wrong += sorted(t for (kind, t), v in seen.items() if kind == "setting" and not same(v[1].read(), v[2]))
-print(json.dumps({
+uninstall = {
     "profiles": sorted({v[0] for v in seen.values()}), "specs": sum(k == "spec" for k, _ in seen),
     "settings": sum(k == "setting" for k, _ in seen), "patched": len(patched),
     "unlisted": sorted(t for (k, t) in seen if k == "spec" and t not in listed), "hook_set": hook_set,
     "removed": removed, "wrong": wrong, "left": [p.target for p in active_patches()],
     "hook_left": interpret.interpret_mode() is not None,
     "statuses": {s.name: s.active for s in shim.statuses()},
-}))
+}
+print(json.dumps({"plugin": plugin, "uninstall": uninstall}))
 """
 
 
-def test_uninstall_after_register_leaves_every_declared_target_original() -> None:
+@pytest.fixture(scope="module")
+def registered() -> dict[str, Any]:
+    """One fresh process for both tests below (vLLM's and tpu-inference's imports take ~20 s a process): the
+    engine's transaction watched, the plugin registered as vLLM does, then every shim uninstalled."""
+    return _run(WATCH + REGISTER + UNDO)
+
+
+def test_uninstall_after_register_leaves_every_declared_target_original(registered: dict[str, Any]) -> None:
     """The plugin's shims (CPU serving and the CPU kernel included) all go through one lifecycle, so
     `shims.uninstall()` removes every one of them: each target holds its original object again, by identity."""
-    r = _run(UNINSTALL_SCRIPT)
+    r = registered["uninstall"]
     assert {"cpu-serving", "cpu-rpa", "serving-requests", "plugin-config"} <= set(r["profiles"]), r["profiles"]
     assert r["specs"] >= 8 and r["settings"] >= 4, r
     assert r["patched"] == r["specs"] and r["unlisted"] == [], r  # each declared callable was wrapped and listed

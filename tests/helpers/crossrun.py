@@ -301,10 +301,17 @@ class PendingRun:
 
 
 def missing_env(env: str) -> str | None:
-    """Why matrix environment `env` cannot run a spec (its python is absent), or None when it can."""
-    from maxtext_compat.envs import env_python
+    """Why matrix environment `env` cannot run a spec (its python is absent), or None when it can.
 
-    python = env_python(env)
+    Under the matrix runner (MAXTEXT_COMPAT_ENV set) a partner not built yet is built here: the runner builds each
+    environment as it starts it, and a partner may be needed before its own turn. Under the environment's build
+    lock, so a build of it already under way is waited for, not repeated; a failed build is the test's failure."""
+    from maxtext_compat import envs, workspace
+
+    python = envs.env_python(env)
+    if not python.exists() and os.environ.get("MAXTEXT_COMPAT_ENV"):
+        ws = workspace.default()
+        envs.build(ws.matrix.environment(env), log=lambda line: print(line, file=sys.stderr), ws=ws)
     return None if python.exists() else f"matrix environment {env} is not built ({python} does not exist)"
 
 
@@ -323,7 +330,7 @@ def start_in_env(
     from maxtext_compat.envs import env_python
 
     python = env_python(env)
-    if not python.exists():
+    if missing_env(env) is not None:
         raise CrossRunError(
             f"matrix environment {env} is not built",
             argument="env",

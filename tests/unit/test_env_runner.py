@@ -391,6 +391,35 @@ def test_recorded_durations_are_read_leniently_and_cover_every_real_environment(
     assert set(recorded) == set(ci_matrix().environments)
 
 
+def test_environments_of_one_jaxlib_share_a_compile_cache_and_no_other_does(monkeypatch, tmp_path):
+    """JAX's entry key holds jaxlib's version and the whole program, so a folder shared by one jaxlib's environments
+    serves each the programs another compiled (the same tiny model under two MaxText releases) and nothing else."""
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    m = ci_matrix()
+    folders: dict[Path, set[str]] = {}
+    for name, spec in m.environments.items():
+        folder = env_runner.compile_cache_dir(name, m)
+        assert folder is not None and folder.parent == tmp_path / "cc" / "jax-compile"
+        assert env_runner.compile_cache_env(name, m)["JAX_COMPILATION_CACHE_DIR"] == str(folder)
+        # the oracle: the jaxlib each installs, read from its own pins (jax's where jaxlib is not named)
+        folders.setdefault(folder, set()).add(spec.pinned("jaxlib") or spec.pinned("jax") or f"none:{name}")
+    assert all(len(jaxlibs) == 1 for jaxlibs in folders.values()), folders
+    assert len(folders) == len({next(iter(j)) for j in folders.values()})  # one folder per jaxlib
+    shared = env_runner.compile_cache_dir("maxtext-0.2.5", m)
+    assert (
+        shared
+        == env_runner.compile_cache_dir("maxtext-0.1.0-jax011", m)
+        == env_runner.compile_cache_dir("tpu-inference-0.32.0-jax012", m).with_name("jaxlib-0.11.2")
+    )
+    assert env_runner.compile_cache_dir("unit", m).name == "unit"  # no jaxlib: a folder of its own
+    assert env_runner.compile_cache_dir("not-in-the-matrix", m).name == "not-in-the-matrix"
+    # cold or warm is read from the shared folder: an entry another environment wrote makes this one warm
+    assert env_runner.cache_is_cold("maxtext-0.2.4", m)
+    shared.mkdir(parents=True)
+    (shared / "jit_step-0123-cache").write_bytes(b"x")
+    assert not env_runner.cache_is_cold("maxtext-0.2.4", m) and env_runner.cache_is_cold("maxtext-0.2.1", m)
+
+
 def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch, tmp_path):
     monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
     env = env_runner.compile_cache_env("maxtext-0.2.5")
