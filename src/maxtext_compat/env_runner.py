@@ -23,6 +23,7 @@ from maxtext_compat import envdurations, envs, workspace
 from maxtext_compat.atomic_file import PARTIAL_GLOB
 from maxtext_compat.envmemory import (
     GATE_VAR,
+    HEAVY_MARK_SUFFIX,
     MARK_VAR,
     MEMORY_FILE,
     PeakSampler,
@@ -375,6 +376,8 @@ def run_matrix(
     light = gated(peaks, recorded_peaks(light_memory_file(ws.memory_file))) if ws.memory_file is not None else {}
     gate_dir = out_dir / "heavy-gate"
     gate_dir.mkdir(exist_ok=True)
+    for stale in gate_dir.glob(f"*{HEAVY_MARK_SUFFIX}"):  # an earlier run's marks would read as heavy phases now
+        stale.unlink(missing_ok=True)
     gates = {name: gate_lock(gate_dir, name, light) for name in selected}
     if pruned := prune_unused_caches():
         log(f"[matrix] pruned {len(pruned)} cache entries unused for {UNUSED_CACHE_MAX_AGE_S / 86400:.0f} days")
@@ -483,7 +486,11 @@ def _run_parallel(
     order = schedule(selected, expected_durations(ws.durations_file, matrix=m))
     if light:
         say(f"[matrix] heavy phases one at a time: {', '.join(n for n in order if n in light)}")
-    done = run_admitted(order, peaks, jobs, one, light=light)
+
+    def in_heavy_phase(name: str) -> bool:
+        return heavy_mark(gates[name].parent, name).exists()
+
+    done = run_admitted(order, peaks, jobs, one, light=light, in_heavy_phase=in_heavy_phase)
     return [done[n] for n in selected]
 
 

@@ -12,7 +12,9 @@ run (its heavy phase), and before them it holds a few GB. A matrix run therefore
 file (`GATE_VAR`): its test process takes it before its first heavy test, marks the phase's start (`MARK_VAR`) and
 holds it until it exits (`enter_heavy_phase`). The gated environments share one lock, so one of them at a time is in
 its heavy phase, and the scheduler counts each running one at its light peak (its peak before the mark, recorded in
-tests/env_memory_light.json) plus the largest heavy excess among them, instead of every one at its peak. The others
+tests/env_memory_light.json) plus the largest heavy excess among them, instead of every one at its peak. Once one of
+them holds the lock (its mark is there), it counts that one's excess, and what the next holder's would be after it
+ends: an environment waiting for the lock leaves its core to one that fits beside the holder. The others
 (a small heavy excess, or no light peak recorded yet) each get a lock of their own, never wait, and count at their
 peak as before; their marks record their light peaks for the next plan.
 """
@@ -36,6 +38,7 @@ MEMORY_FILE = "tests/env_memory.json"
 LIGHT_MEMORY_NAME = "env_memory_light.json"  # beside MEMORY_FILE: each environment's peak before its heavy phase
 GATE_VAR = "MAXTEXT_COMPAT_HEAVY_GATE"  # the lock file an environment's test process takes for its heavy phase
 MARK_VAR = "MAXTEXT_COMPAT_HEAVY_MARK"  # the file it writes when its heavy phase begins (the seconds it waited)
+HEAVY_MARK_SUFFIX = ".heavy"  # NAME.heavy in the run's gate folder: environment NAME is in its heavy phase
 SHARED_LOCK = "shared.lock"  # the gated environments' one lock, in the run's gate folder
 GATE_MIN_EXCESS_GB = 2.0  # an environment whose peak exceeds its light peak by less runs ungated, counted at its peak
 BUDGET_VAR = "MAXTEXT_COMPAT_MEMORY_GB"
@@ -47,6 +50,7 @@ BUDGET_SHARE = 0.82
 MAX_BUDGET_GB = float(1 << 20)  # 1 PiB: anything above is a typo
 UNKNOWN_PEAK_GB = 8.0  # an environment with no recorded peak counts as a heavy one
 SMALL_PEAK_GB = 2.0  # the kernel-only environments and the unit tests: what fills the room beside a large one
+HOLDER_POLL_S = 5.0  # how often a waiting start looks again at which environment holds the gate (its mark appears)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 T = TypeVar("T")
 
@@ -166,7 +170,7 @@ def enter_heavy_phase() -> float:
 
 def heavy_mark(gate: Path, name: str) -> Path:
     """Where environment `name`'s test process marks the start of its heavy phase (with the seconds it waited)."""
-    return gate / f"{name}.heavy"
+    return gate / f"{name}{HEAVY_MARK_SUFFIX}"
 
 
 def gate_lock(gate: Path, name: str, gated_names: Collection[str]) -> Path:
@@ -248,10 +252,12 @@ class Admission:
         jobs: int,
         budget_gb: float,
         light: dict[str, float] | None = None,
+        in_heavy_phase: Callable[[str], bool] | None = None,
     ) -> None:
         self._peaks = {n: peaks.get(n, UNKNOWN_PEAK_GB) for n in order}
         self._light = {n: min(lo, self._peaks[n]) for n, lo in (light or {}).items() if n in self._peaks}
         self._jobs, self._budget = jobs, budget_gb
+        self._in_heavy_phase = in_heavy_phase
         # The environments that fit beside none but the small ones start first, while the small ones are there to
         # run beside them; started later, they would run alone (stable: each group keeps the given order).
         lonely = {n for n in order if self._lonely(n, order)}
@@ -264,19 +270,32 @@ class Admission:
         others = [m for m in order if m != name and self._peaks[m] > SMALL_PEAK_GB]
         return bool(others) and all(self.needs_gb([name, m]) > self._budget for m in others)
 
-    def needs_gb(self, names: Sequence[str]) -> float:
+    def needs_gb(self, names: Sequence[str], holder: str | None = None) -> float:
         """The memory `names` running together may take: the gated at their light peaks plus the largest of their
-        heavy excesses, the others at their peaks."""
-        light = [self._light[n] for n in names if n in self._light]
-        excess = [self._peaks[n] - self._light[n] for n in names if n in self._light]
-        return sum(self._peaks[n] for n in names if n not in self._light) + sum(light) + max(excess, default=0.0)
+        heavy excesses, the others at their peaks. With `holder` (the gated one in its heavy phase now, which keeps
+        the gate until its process ends): the larger of now (its excess) and after it (another's excess, its own
+        memory gone)."""
+        others = sum(self._peaks[n] for n in names if n not in self._light)
+        lights = sum(self._light[n] for n in names if n in self._light)
+        excess = {n: self._peaks[n] - self._light[n] for n in names if n in self._light}
+        if holder not in excess:
+            return others + lights + max(excess.values(), default=0.0)
+        assert holder is not None
+        after = max((e for n, e in excess.items() if n != holder), default=0.0)
+        return others + lights + max(excess[holder], after - self._light[holder])
+
+    def _holder(self) -> str | None:
+        """The running gated environment in its heavy phase (None: none yet, or no way to tell)."""
+        if self._in_heavy_phase is None:
+            return None
+        return next((n for n in sorted(self._running) if n in self._light and self._in_heavy_phase(n)), None)
 
     def _first_fitting(self) -> str | None:
         if len(self._running) >= self._jobs:
             return None
-        running = list(self._running)
+        running, holder = list(self._running), self._holder()
         for name in self._order:
-            if not self._running or self.needs_gb([*running, name]) <= self._budget:
+            if not self._running or self.needs_gb([*running, name], holder) <= self._budget:
                 return name
         return None
 
@@ -290,8 +309,10 @@ class Admission:
         with self._cond:
             if not self._order:
                 return None
-            self._cond.wait_for(lambda: self._first_fitting() is not None)
-            name = self._first_fitting()
+            # A holder's mark appears without a call here: with a way to read it, look again every HOLDER_POLL_S.
+            poll = HOLDER_POLL_S if self._in_heavy_phase is not None else None
+            while (name := self._first_fitting()) is None:
+                self._cond.wait(poll)
             assert name is not None
             self._order.remove(name)
             self._running.add(name)
@@ -310,12 +331,15 @@ def run_admitted(
     work: Callable[[str], T],
     budget_gb: float | None = None,
     light: dict[str, float] | None = None,
+    in_heavy_phase: Callable[[str], bool] | None = None,
 ) -> dict[str, T]:
     """`work(name)` for every name, at most `jobs` at once, each started by `Admission` (in `order`, when its
     recorded peak fits `budget_gb`, default `memory_budget_gb()`; `light`: the gated environments' light peaks, whose
-    `work` must pass them the gate); returns each name's result. The one scheduler of the test matrix and of the
-    demo in every environment. A `work` that raises raises here once all have ended."""
-    gate = Admission(order, peaks, jobs, memory_budget_gb() if budget_gb is None else budget_gb, light)
+    `work` must pass them the gate; `in_heavy_phase(name)`: whether its mark is there); returns each name's result.
+    The one scheduler of the test matrix and of the demo in every environment. A `work` that raises raises here
+    once all have ended."""
+    budget = memory_budget_gb() if budget_gb is None else budget_gb
+    gate = Admission(order, peaks, jobs, budget, light, in_heavy_phase)
 
     def finished(name: str, _future: Future[T]) -> None:
         gate.finished(name)

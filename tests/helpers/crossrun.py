@@ -303,13 +303,14 @@ class PendingRun:
 def missing_env(env: str) -> str | None:
     """Why matrix environment `env` cannot run a spec (its python is absent), or None when it can.
 
-    Under the matrix runner (MAXTEXT_COMPAT_ENV set) a partner not built yet is built here: the runner builds each
-    environment as it starts it, and a partner may be needed before its own turn. Under the environment's build
-    lock, so a build of it already under way is waited for, not repeated; a failed build is the test's failure."""
+    Under the matrix runner (MAXTEXT_COMPAT_ENV set) a partner not built, or built from other pins, is built here:
+    the runner builds each environment as it starts it, and a partner may be needed before its own turn. Under the
+    environment's build lock, so a build of it under way is waited for, not repeated (an up-to-date one is left as
+    it is); a failed build is the test's failure."""
     from maxtext_compat import envs, workspace
 
     python = envs.env_python(env)
-    if not python.exists() and os.environ.get("MAXTEXT_COMPAT_ENV"):
+    if os.environ.get("MAXTEXT_COMPAT_ENV"):
         ws = workspace.default()
         envs.build(ws.matrix.environment(env), log=lambda line: print(line, file=sys.stderr), ws=ws)
     return None if python.exists() else f"matrix environment {env} is not built ({python} does not exist)"

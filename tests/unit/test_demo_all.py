@@ -209,7 +209,7 @@ def test_recorded_seconds_keep_the_others_each_as_cold_or_warm(tmp_path: Path):
 
 
 def test_main_prints_the_table_exits_1_naming_the_failure_and_records_only_the_passes(tmp_path, monkeypatch):
-    spec = lambda maxtext, tests=(): SimpleNamespace(maxtext=maxtext, tests=tests)  # noqa: E731
+    spec = lambda maxtext, tests=(): SimpleNamespace(maxtext=maxtext, tests=tests, pinned=lambda _package: None)  # noqa: E731
     matrix = SimpleNamespace(environments={
         "unit": spec(None), "maxtext-0.2.5": spec("0.2.5"), "maxtext-0.2.5-full": spec("0.2.5", ("tests/x.py",)),
         "maxtext-0.1.0": spec("0.1.0"),

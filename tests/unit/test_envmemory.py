@@ -9,6 +9,8 @@ import sys
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from maxtext_compat import envmemory
 from maxtext_compat.errors import InvalidArgumentError
@@ -72,6 +74,66 @@ def test_gated_environments_count_at_their_light_peaks_plus_the_largest_heavy_ex
     assert gate.startable() is None  # 17 + 1.5 > 18
     ungated = envmemory.Admission(["a", "b", "c"], peaks, jobs=3, budget_gb=18.0)
     assert ungated.next() == "a" and ungated.startable() is None  # at their peaks, one at a time
+
+
+# The matrix's two longest environments (maxtext-0.2.5: peak 10.6, light 6.1; 0.1.0-jax011: 13.0, 7.2 GB) on the
+# 23.5-GiB machine's budget, and a kernel-only one: before either holds the gate the small one does not fit.
+LONG = {"p25": 10.6, "j11": 13.0, "small": 1.3}
+LONG_LIGHT = {"p25": 6.1, "j11": 7.2}
+
+
+def test_an_environment_waiting_for_the_gate_leaves_room_beside_the_holder(monkeypatch):
+    """0.2.5 in its heavy phase and 0.1.0-jax011 waiting for the gate: a kernel-only one fits beside them (now 6.1 +
+    4.5 + 7.2 + 1.3; after 0.2.5 ends, 7.2 + 5.8 + 1.3), though 'the largest excess' alone would refuse it."""
+    heavy: set[str] = set()
+    monkeypatch.setattr(envmemory, "HOLDER_POLL_S", 0.05)
+    gate = envmemory.Admission(["p25", "j11", "small"], LONG, 3, 19.3, LONG_LIGHT, lambda n: n in heavy)
+    assert [gate.next(), gate.next()] == ["p25", "j11"] and gate.startable() is None  # 19.1 + 1.3 > 19.3
+    started: list[str | None] = []
+    t = threading.Thread(target=lambda: started.append(gate.next()))
+    t.start()
+    heavy.add("p25")  # its mark appears: no finished() call wakes the waiting start, it looks again by itself
+    t.join(HANG_GUARD_S)
+    assert started == ["small"]
+    assert gate.needs_gb(["p25", "j11", "small"], holder="p25") == pytest.approx(6.1 + 4.5 + 7.2 + 1.3)
+    # jax011 holding it instead: its own excess (5.8) is the one now, and the small one does not fit
+    assert gate.needs_gb(["p25", "j11", "small"], holder="j11") == pytest.approx(6.1 + 7.2 + 5.8 + 1.3)
+
+
+def test_the_holder_counts_what_the_next_holder_takes_after_it():
+    """A holder with a small excess: beside it now fits, but once it ends the waiting one's heavy phase would not."""
+    peaks, light = {"a": 6.0, "b": 17.0, "s": 2.0}, {"a": 3.0, "b": 2.0}
+    gate = envmemory.Admission(["a", "b", "s"], peaks, 3, 18.0, light, lambda n: n == "a")
+    assert gate.needs_gb(["a", "b", "s"], holder="a") == pytest.approx(2.0 + 2.0 + 15.0)  # after a: b's 15 GB excess
+    assert [gate.next(), gate.next()] == ["a", "b"] and gate.startable() is None
+
+
+def _oracle_gb(names, peaks, light, holder):
+    """Every state the gate allows, summed process by process: at most one gated environment heavy (the holder,
+    or after it ends any other), the rest of the gated at their light peaks, the ungated at their peaks."""
+
+    def total(members, heavy):
+        return sum(peaks[n] if n not in light or n == heavy else light[n] for n in members)
+
+    gated_names = [n for n in names if n in light]
+    if holder in gated_names:
+        rest = [n for n in names if n != holder]
+        return max([total(names, holder)] + [total(rest, g) for g in gated_names if g != holder] + [total(rest, None)])
+    return max([total(names, g) for g in gated_names] + [total(names, None)])
+
+
+@given(
+    st.lists(st.tuples(st.floats(0.5, 16.0), st.floats(0.0, 1.0), st.booleans()), min_size=1, max_size=5),
+    st.integers(-1, 4),
+)
+@settings(max_examples=300, deadline=None)
+def test_needs_gb_is_the_largest_state_the_gate_allows(envs, holder_index):
+    names = [f"e{i}" for i in range(len(envs))]
+    peaks = {n: p for n, (p, _, _) in zip(names, envs, strict=True)}
+    light = {n: p * f for n, (p, f, g) in zip(names, envs, strict=True) if g}
+    gate = envmemory.Admission(names, peaks, 5, 100.0, light)
+    holder = names[holder_index] if 0 <= holder_index < len(names) and names[holder_index] in light else None
+    assert gate.needs_gb(names, holder) == pytest.approx(_oracle_gb(names, peaks, light, holder))
 
 
 def test_the_sampler_splits_the_peak_at_the_heavy_mark(tmp_path):
