@@ -110,7 +110,7 @@ print(json.dumps({"plugin": plugin, "uninstall": uninstall}))
 
 @pytest.fixture(scope="module")
 def registered() -> dict[str, Any]:
-    """One fresh process for both tests below (vLLM's and tpu-inference's imports take ~20 s a process): the
+    """One fresh process for the two tests that read it (vLLM's and tpu-inference's imports take ~20 s each): the
     engine's transaction watched, the plugin registered as vLLM does, then every shim uninstalled."""
     return _run(WATCH + REGISTER + UNDO)
 
