@@ -140,8 +140,7 @@ def run_env(
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     mark = None
     if gate is not None:
-        mark = heavy_mark(gate.parent, name)
-        mark.unlink(missing_ok=True)  # a mark of an earlier run in the same report folder
+        mark = heavy_mark(gate.parent, name)  # run_matrix removed an earlier run's marks before any started
         env[GATE_VAR], env[MARK_VAR] = str(gate), str(mark)
     # An environment that lists its test files runs only those (a kernel-only one has no MaxText to test).
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args, *spec.tests]

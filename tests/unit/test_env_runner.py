@@ -16,7 +16,7 @@ import pytest
 from packaging.version import Version
 
 from helpers.shipped import CI_LAYOUT, MATRIX_FILE, REPO, ci_matrix, shipped_matrix
-from maxtext_compat import env_runner, envdurations, envs
+from maxtext_compat import env_runner, envdurations, envmemory, envs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix, with_environments
 from maxtext_compat.report import results as report_results
@@ -167,6 +167,25 @@ def test_an_environment_is_cold_by_its_cache_when_the_run_began_not_when_it_star
         assert seen == {"tiny": True, "other": True}, jobs
     env_runner.run_matrix(["other"], matrix=two, report_dir=tmp_path / "b", log=lambda _: None)
     assert seen["other"] is False  # the next run finds the entry: warm
+
+
+def test_an_earlier_runs_heavy_marks_are_gone_before_any_environment_starts(matrix, tmp_path, monkeypatch):
+    """The scheduler reads NAME.heavy as "NAME holds the gate now": a mark left in the same report folder by an
+    earlier run would count a running environment's heavy excess before its heavy phase."""
+    gate = tmp_path / "b" / "heavy-gate"
+    gate.mkdir(parents=True)
+    stale = [envmemory.heavy_mark(gate, n) for n in ("tiny", "gone")]
+    for mark in stale:
+        mark.write_text("3.0\n", encoding="ascii")
+    seen: list[bool] = []
+
+    def fake_run_env(name, **_kwargs):
+        seen.append(any(mark.exists() for mark in stale))
+        return report_results.EnvResult(name=name, maxtext=None, passed=1)
+
+    monkeypatch.setattr(env_runner, "run_env", fake_run_env)
+    env_runner.run_matrix(["tiny"], matrix=matrix, report_dir=tmp_path / "b", log=lambda _: None)
+    assert seen == [False]
 
 
 @pytest.mark.parametrize(("compile_cache", "xdg"), [(None, None), (None, "xdg"), ("cc", None), ("cc", "xdg")])
