@@ -234,7 +234,9 @@ def compile_cache_folder(name: str, m: CompatMatrix | None = None) -> str:
     one compiles the very same program (the same tiny model under two MaxText releases, the same kernel under two
     tpu-inference releases); its lock file serialises the processes that share it."""
     spec = m.environments.get(name) if m is not None else None
-    jaxlib = spec.pinned("jaxlib") or spec.pinned("jax") if spec is not None else None
+    if spec is None:
+        return name
+    jaxlib = spec.pinned("jaxlib") or spec.pinned("jax")
     return f"jaxlib-{jaxlib}" if jaxlib else name
 
 

@@ -425,11 +425,7 @@ def test_environments_of_one_jaxlib_share_a_compile_cache_and_no_other_does(monk
     assert all(len(jaxlibs) == 1 for jaxlibs in folders.values()), folders
     assert len(folders) == len({next(iter(j)) for j in folders.values()})  # one folder per jaxlib
     shared = env_runner.compile_cache_dir("maxtext-0.2.5", m)
-    assert (
-        shared
-        == env_runner.compile_cache_dir("maxtext-0.1.0-jax011", m)
-        == env_runner.compile_cache_dir("tpu-inference-0.32.0-jax012", m).with_name("jaxlib-0.11.2")
-    )
+    assert shared == env_runner.compile_cache_dir("maxtext-0.1.0-jax011", m) and shared.name == "jaxlib-0.11.2"
     assert env_runner.compile_cache_dir("unit", m).name == "unit"  # no jaxlib: a folder of its own
     assert env_runner.compile_cache_dir("not-in-the-matrix", m).name == "not-in-the-matrix"
     # cold or warm is read from the shared folder: an entry another environment wrote makes this one warm
