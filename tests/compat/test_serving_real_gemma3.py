@@ -7,10 +7,9 @@ equal transformers' greedy decode of the same file (its cached reading, tests/co
 our tokenizer's decoding of them, and each chosen token's logprob transformers' log-softmax within LOGPROB_TOLERANCE.
 MaxText 0.2.5 natively (its vllm_rpa attention gives the local layers the RPA kernel's sliding window) and 0.1.0
 through the backport (measured: max |served logprob - transformers'| 1.1e-2 on both). The weights need more than the
-CPU shim's default 1 GiB per device (MAXTEXT_COMPAT_CPU_HBM_GB). Gemma 3 270M's GGUF file carries no chat template
-(`convert` writes none, rather than guess one), so the server is given the user's own with vLLM's `--chat-template`
-(Gemma's turn format, USER_TEMPLATE): /v1/chat/completions renders it, and the answer is transformers' greedy decode
-of the very ids the server rendered.
+CPU shim's default 1 GiB per device (MAXTEXT_COMPAT_CPU_HBM_GB). Gemma 3 270M's GGUF file carries no chat template,
+so `convert` writes Gemma 3's, as MaxText ships it (convert/chat_template.py): /v1/chat/completions renders it with
+no flag, and the answer is transformers' greedy decode of the very ids the server rendered.
 """
 
 from __future__ import annotations
@@ -51,21 +50,13 @@ def gemma3_reference():
     return g3.reference(g3.gemma3_gguf(), hf_reference_dir())
 
 
-# What a user who has Gemma's turn format (Google's prompt-formatting guide) passes with --chat-template.
-USER_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-    "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def server(gemma3_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("serve-gemma3")
-    template = work / "gemma_turns.jinja"
-    template.write_text(USER_TEMPLATE, encoding="utf-8")
-    with serve(gemma3_dir, work, max_len=MAX_LEN, env={"MAXTEXT_COMPAT_CPU_HBM_GB": "3"},
-               flags=("--chat-template", str(template))) as srv:  # fmt: skip
+    with serve(gemma3_dir, work, max_len=MAX_LEN, env={"MAXTEXT_COMPAT_CPU_HBM_GB": "3"}, label="gemma3") as srv:
         yield srv
 
 
@@ -114,23 +105,29 @@ def _check_logprobs(body, reference, index: int) -> None:
     assert all(math.isfinite(x) for x in served) and worst < LOGPROB_TOLERANCE, (worst, served, want)
 
 
-def test_a_chat_request_renders_the_given_template_and_answers_with_transformers_tokens(server, gemma3_reference,
-                                                                                        gemma3_dir):  # fmt: skip
-    """The server rendered QUESTION through the user's template (jinja2 here renders the same text; our tokenizer,
-    without adding specials, the same ids: one <bos>), and its answer is transformers' greedy decode of those ids,
-    up to where the first of the two stopped."""
+def test_a_chat_request_renders_gemma3s_template_and_answers_with_transformers_tokens(server, gemma3_reference,
+                                                                                    gemma3_dir):  # fmt: skip
+    """The server rendered QUESTION through the template the conversion wrote (jinja2 here renders MaxText's own
+    file where the installed release ships it, else ours, which tests/compat/test_real_gemma3.py holds equal to it;
+    our tokenizer, without adding specials, gives the same ids: one <bos>), and its answer is transformers' greedy
+    decode of those ids, up to where the first of the two stopped."""
     import jinja2
     from tokenizers import Tokenizer
 
     from helpers import conformance as cf
+    from maxtext_compat.convert.chat_template import family_template
+    from maxtext_compat.testing import real_gemma3 as g3
     from maxtext_compat.testing import real_model as rm
 
+    assert gemma3_dir.chat_template_source == "family"
     status, body = cf.post_json(server.url, "/v1/chat/completions", {
         "model": server.model, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "return_token_ids": True,
     }, timeout=REQUEST_TIMEOUT)  # fmt: skip
     assert status == 200, f"HTTP {status}: {body}\n--- server log ---\n{server.log_tail()}"
     tokenizer = Tokenizer.from_file(f"{gemma3_dir.out}/tokenizer.json")
-    text = jinja2.Template(USER_TEMPLATE).render(messages=QUESTION, add_generation_prompt=True, bos_token="<bos>")
+    template = g3.maxtext_shipped_template() or family_template("gemma3")
+    text = jinja2.Template(template).render(messages=QUESTION, add_generation_prompt=True, bos_token="<bos>")
+    assert text.startswith("<bos><start_of_turn>user\nWhat is the capital")
     prompt = body["prompt_token_ids"]
     assert prompt == tokenizer.encode(text, add_special_tokens=False).ids and prompt.count(2) == 1, prompt
     choice = body["choices"][0]

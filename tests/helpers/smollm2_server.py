@@ -33,6 +33,7 @@ def serve(
     env: Mapping[str, str] | None = None,
     flags: tuple[str, ...] = (),
     settings: Mapping[str, object] | None = None,
+    label: str = "smollm2",
 ) -> Iterator[Server]:
     """`maxtext-compat serve MODEL_DIR --max-model-len ...` of a `convert` result (its .out, .checkpoint); `settings`
     go in `--additional-config` beside maxtext_config, as `{"maxtext_compat": settings}`."""
@@ -44,20 +45,21 @@ def serve(
     argv = [sys.executable, "-m", "maxtext_compat.cli", "serve", out, f"--max-num-batched-tokens={max_len}",
             f"--max-model-len={max_len}", f"--max-num-seqs={seqs}", f"--tensor-parallel-size={tp}", "--port",
             str(port), f"--additional-config={json.dumps(additional)}", *flags]  # fmt: skip
-    with _started(argv, port, out, log_dir / f"smollm2_tp{tp}_seqs{seqs}_len{max_len}.log", env) as srv:
+    with _started(argv, port, out, log_dir / f"{label}_tp{tp}_seqs{seqs}_len{max_len}.log", env) as srv:
         yield srv
 
 
 @contextlib.contextmanager
 def serve_hf(hf_dir: Path, log_dir: Path, *, seqs: int = 1, max_len: int = 32,
-             env: Mapping[str, str] | None = None) -> Iterator[Server]:  # fmt: skip
-    """Plain `vllm serve HF_DIR`: tpu-inference's own Llama (flax_nnx) on the Hugging Face form of the weights."""
+             env: Mapping[str, str] | None = None, label: str = "hf_llama") -> Iterator[Server]:  # fmt: skip
+    """Plain `vllm serve HF_DIR` on the Hugging Face form of the weights: tpu-inference's own Llama (flax_nnx), or
+    for an architecture it has no model of (Gemma 3), its vLLM model path (vLLM's PyTorch model through torchax)."""
     port = vllm_server.free_port()
     vllm = str(Path(sys.executable).with_name("vllm"))
     argv = [vllm, "serve", str(hf_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             f"--max-num-batched-tokens={max_len}", f"--max-model-len={max_len}", f"--max-num-seqs={seqs}"]  # fmt: skip
     cpu = {"TPU_NAME": "cpu-test", "TPU_WORKER_ID": "0", "TPU_ACCELERATOR_TYPE": "cpu", "SKIP_JAX_PRECOMPILE": "1"}
-    log = log_dir / f"hf_llama_seqs{seqs}_len{max_len}.log"
+    log = log_dir / f"{label}_seqs{seqs}_len{max_len}.log"
     with _started(argv, port, str(hf_dir), log, {**cpu, **(env or {})}) as srv:
         yield srv
 

