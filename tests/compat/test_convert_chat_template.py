@@ -21,7 +21,7 @@ def test_the_users_template_wins_over_the_files_and_the_family(tmp_path):
     given.write_text(TURNS, encoding="utf-8")
     got = choose(given=given, in_file="{{ 'the file' }}", architecture="gemma3")
     assert (got.text, got.source) == (TURNS, "argument")
-    assert str(given) in got.note and "in place of the file's own" in got.note
+    assert str(given) in got.note and "in place of the source's own" in got.note
 
 
 def test_the_files_own_template_wins_over_the_family():

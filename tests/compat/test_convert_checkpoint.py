@@ -250,7 +250,7 @@ def test_a_directorys_own_chat_template_is_kept_and_a_given_one_replaces_it(hf_d
     template = tmp_path / "turns.jinja"
     template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}", encoding="utf-8")
     given = convert.convert(hf_dir, tmp_path / "given", checkpoint=False, chat_template=template)
-    assert given.chat_template_source == "argument" and "in place of the file's own" in given.chat_template_note
+    assert given.chat_template_source == "argument" and "in place of the source's own" in given.chat_template_note
     rendered = AutoTokenizer.from_pretrained(given.out).apply_chat_template(
         [{"role": "user", "content": "Hi"}], tokenize=False
     )
@@ -272,7 +272,8 @@ def test_the_cli_writes_the_given_chat_template_over_the_files_and_says_so(tmp_p
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
-    assert result["chat_template_source"] == "argument" and "in place of the file's own" in result["chat_template_note"]
+    assert result["chat_template_source"] == "argument"
+    assert "in place of the source's own" in result["chat_template_note"]
     written = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text())
     assert written["chat_template"] == "{{ messages[0]['content'] }}"
     bad = subprocess.run(

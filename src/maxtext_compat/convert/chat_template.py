@@ -1,14 +1,16 @@
-"""Which chat template a conversion writes: the user's, the file's own, or its family's as MaxText ships it.
+"""Which chat template a conversion writes: the user's, the source's own, or its family's as MaxText ships it.
 
 Why a family template: a GGUF file may carry none (Gemma 3 270M's does not), and a served directory without one
-answers /v1/chat/completions with vLLM's refusal. Gemma 3 has one template for the whole family (Google's, in every
-Gemma 3 tokenizer_config.json), and MaxText ships it as `maxtext/examples/chat_templates/gemma-3-27b-chat_template.json`
-(0.2.4 and later, Apache-2.0). `templates/gemma3.jinja` is that file's text, byte for byte, so 0.1.0 to 0.2.3 get it
-too; tests/compat/test_convert_chat_template.py holds it equal to the installed MaxText's wherever one ships it.
-A family without such a template gets none, and the result says so: the text is never made up.
+answers /v1/chat/completions with vLLM's refusal. Gemma 3's turns are one format for the family (Google's:
+`<start_of_turn>user ... <end_of_turn>`, the assistant named `model`), and MaxText ships its template as
+`maxtext/examples/chat_templates/gemma-3-27b-chat_template.json` (0.2.4 and later, Apache-2.0).
+`templates/gemma3.jinja` is that file's text, byte for byte, so 0.1.0 to 0.2.3 get it too;
+tests/compat/test_real_gemma3.py holds it equal to the installed MaxText's wherever one ships it. A family without
+such a template gets none, and the result says so: the text is never made up.
 
-Order: the user's (`--chat-template`, as vLLM's flag of that name: it wins over the file's), the file's own
-(`tokenizer.chat_template`), the family's. Imports neither jax nor MaxText.
+Order: the user's (`--chat-template`, as vLLM's flag of that name: it wins over the source's), the source's own
+(a GGUF file's `tokenizer.chat_template`; a directory's chat_template.jinja or tokenizer_config.json), the family's.
+Imports neither jax nor MaxText.
 """
 
 from __future__ import annotations
@@ -96,10 +98,10 @@ def choose(*, given: str | Path | None, in_file: str | None, architecture: str |
     """The template a conversion writes, by the order in the module docstring."""
     if given is not None:
         text = read_template_file(given)
-        replaced = " (in place of the file's own)" if in_file else ""
+        replaced = " (in place of the source's own)" if in_file else ""
         return ChatTemplate(text, "argument", f"chat template: {given}, as given{replaced}")
     if in_file:
-        return ChatTemplate(in_file, "file", "chat template: the file's own (tokenizer.chat_template)")
+        return ChatTemplate(in_file, "file", "chat template: the source's own")
     family = family_template(architecture)
     if family is not None:
         shipped = FAMILY_TEMPLATES[architecture or ""][1]

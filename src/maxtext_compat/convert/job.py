@@ -41,7 +41,7 @@ class ConversionResult:
     checkpoint: str | None
     maxtext_config: dict[str, Any]
     files: list[str] = field(default_factory=list)
-    chat_template_source: str = "none"  # tokenizer_config.json's template: argument, file, family or none
+    chat_template_source: str = "none"  # the written directory's chat template: argument, file, family or none
     chat_template_note: str = ""  # the same, in a sentence (the CLI prints it)
 
 
