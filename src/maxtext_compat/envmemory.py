@@ -70,10 +70,13 @@ def _pss_bytes(pid: int, rss_bytes: int) -> int:
     return rss_bytes
 
 
-def tree_memory_gb(root: int) -> float:
+def tree_memory_gb(root: int, floor: float = 0.0) -> float:
     """Memory (GB, PSS where the kernel reports it) of process `root` and all its descendants (Linux /proc;
     0.0 where unreadable). By parent links, not by session: the serving tests start `vllm serve` in a
-    session of its own. Every process's stat is read to find the tree (cheap); PSS only for its members."""
+    session of its own. Every process's stat is read to find the tree (cheap); PSS only for its members, and
+    only when their RSS sum exceeds `floor`: PSS is never above RSS, so a tree within `floor` returns its RSS sum
+    (<= floor) unread. Why: smaps_rollup walks a process's whole mapping, 0.3 s of CPU a reading of a tree of JAX
+    and vLLM processes (measured), which the samplers of three environments paid every second."""
     parent: dict[int, int] = {}
     rss: dict[int, int] = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
@@ -89,23 +92,26 @@ def tree_memory_gb(root: int) -> float:
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root] if root in rss else []
+    members, todo = [], [root] if root in rss else []
     while todo:
         pid = todo.pop()
-        total += _pss_bytes(pid, rss[pid])
+        members.append(pid)
         todo.extend(children.get(pid, ()))
-    return total / 2**30
+    resident = sum(rss[pid] for pid in members) / 2**30
+    if resident <= floor:
+        return resident
+    return sum(_pss_bytes(pid, rss[pid]) for pid in members) / 2**30
 
 
 class PeakSampler:
     """Samples a process tree's memory (`tree_memory_gb`) every `interval` seconds in a thread; `.peak_gb` once
-    stopped."""
+    stopped. `reader(root, floor)`: the tree's memory, or any value <= floor when it is no more than floor."""
 
     def __init__(
         self,
         root: int,
         interval: float = 1.0,
-        reader: Callable[[int], float] = tree_memory_gb,
+        reader: Callable[[int, float], float] = tree_memory_gb,
         heavy_mark: Path | None = None,
     ) -> None:
         self.root, self.interval, self._reader, self._heavy_mark = root, interval, reader, heavy_mark
@@ -125,7 +131,9 @@ class PeakSampler:
     def _run(self) -> None:
         while True:
             light = self._heavy_mark is None or not self._heavy_mark.exists()  # asked first: a sample after the
-            now = self._reader(self.root)  # mark appeared may already hold the heavy phase's memory
+            # mark appeared may already hold the heavy phase's memory. A reading at or below the peak changes
+            # neither peak (the light one equals it until the mark), so the reader may stop at its cheap bound there
+            now = self._reader(self.root, self.peak_gb)
             self.peak_gb = max(self.peak_gb, now)
             if light:
                 self.light_peak_gb = max(self.light_peak_gb, now)

@@ -141,7 +141,7 @@ def test_the_sampler_splits_the_peak_at_the_heavy_mark(tmp_path):
     readings = iter([2.0, 3.0, 9.0, 4.0])
     done = threading.Event()
 
-    def reader(_pid: int) -> float:
+    def reader(_pid: int, _floor: float) -> float:
         value = next(readings, None)
         if value == 3.0:
             mark.write_text("0.0\n")  # the heavy phase begins after this reading
@@ -226,12 +226,45 @@ def test_tree_memory_counts_the_children():
     assert envmemory.tree_memory_gb(child.pid) == 0.0  # gone: nothing to count
 
 
+def test_a_tree_within_the_floor_is_not_read_for_pss(mocker):
+    """PSS <= RSS: below the floor the RSS sum is returned unread (still <= floor), above it PSS is read as before."""
+    exact = envmemory.tree_memory_gb(os.getpid())
+    pss = mocker.spy(envmemory, "_pss_bytes")
+    bounded = envmemory.tree_memory_gb(os.getpid(), floor=1e6)
+    assert pss.call_count == 0 and exact <= bounded <= 1e6  # the RSS sum: an upper bound of the PSS
+    assert envmemory.tree_memory_gb(os.getpid(), floor=0.0) == pytest.approx(exact, rel=0.2)
+    assert pss.call_count >= 1
+
+
+def test_the_sampler_passes_the_lowest_peak_a_reading_could_raise(tmp_path):
+    """The floor is the peak so far (the light peak equals it until the heavy phase's mark, and stays below it
+    after), and the peaks come out as the unbounded readings give them."""
+    mark = tmp_path / "env.heavy"
+    floors: list[float] = []
+    readings = iter([2.0, 5.0, 1.0, 3.0, 7.0, 6.0])
+    done = threading.Event()
+
+    def reader(_pid: int, floor: float) -> float:
+        floors.append(floor)
+        value = next(readings, None)
+        if value == 1.0:
+            mark.write_text("0.0\n")
+        if value is None:
+            done.set()
+            return 0.0
+        return value
+
+    with envmemory.PeakSampler(1, interval=0.001, reader=reader, heavy_mark=mark) as sampler:
+        assert done.wait(HANG_GUARD_S)
+    assert floors[:6] == [0.0, 2.0, 5.0, 5.0, 5.0, 7.0] and (sampler.light_peak_gb, sampler.peak_gb) == (5.0, 7.0)
+
+
 def test_the_sampler_keeps_the_highest_reading():
     readings = iter([1.0, 3.5, 2.0] + [0.5] * 100_000)
     read_three = threading.Event()
     count = [0]
 
-    def reader(_pid: int) -> float:
+    def reader(_pid: int, _floor: float) -> float:
         count[0] += 1
         if count[0] >= 3:
             read_three.set()
