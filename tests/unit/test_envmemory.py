@@ -236,7 +236,7 @@ def test_a_tree_within_the_floor_is_not_read_for_pss(mocker):
     assert pss.call_count >= 1
 
 
-def test_the_sampler_passes_the_lowest_peak_a_reading_could_raise(tmp_path):
+def test_the_sampler_passes_the_peak_so_far_as_the_floor(tmp_path):
     """The floor is the peak so far (the light peak equals it until the heavy phase's mark, and stays below it
     after), and the peaks come out as the unbounded readings give them."""
     mark = tmp_path / "env.heavy"
