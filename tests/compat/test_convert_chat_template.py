@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from maxtext_compat.convert.chat_template import choose, family_template, read_template_file
+from maxtext_compat.convert.chat_template import choose, family_template, given_template, read_template_file
 from maxtext_compat.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.envs("maxtext-0.2.3")  # plain Python and jinja2 (vLLM's); one environment is enough
@@ -19,7 +19,7 @@ TURNS = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %
 def test_the_users_template_wins_over_the_files_and_the_family(tmp_path):
     given = tmp_path / "mine.jinja"
     given.write_text(TURNS, encoding="utf-8")
-    got = choose(given=given, in_file="{{ 'the file' }}", architecture="gemma3")
+    got = choose(given=given_template(given), in_file="{{ 'the file' }}", architecture="gemma3")
     assert (got.text, got.source) == (TURNS, "argument")
     assert str(given) in got.note and "in place of the source's own" in got.note
 
@@ -67,7 +67,7 @@ def test_a_bad_template_file_is_a_typed_error_naming_the_argument(tmp_path, name
     else:
         path.write_text(content, encoding="utf-8")
     with pytest.raises(InvalidArgumentError) as err:
-        choose(given=path, in_file=None, architecture="gemma3")
+        given_template(path)
     assert err.value.argument == "chat_template" and says in str(err.value) and err.value.fix
 
 

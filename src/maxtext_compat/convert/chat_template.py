@@ -16,7 +16,7 @@ Imports neither jax nor MaxText.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -94,12 +94,15 @@ def _check_syntax(text: str, where: str) -> None:
         ) from exc  # fmt: skip
 
 
-def choose(*, given: str | Path | None, in_file: str | None, architecture: str | None) -> ChatTemplate:
-    """The template a conversion writes, by the order in the module docstring."""
+def given_template(path: str | Path) -> ChatTemplate:
+    """The user's template file, read and checked once (`read_template_file`), before the source is read."""
+    return ChatTemplate(read_template_file(path), "argument", f"chat template: {path}, as given")
+
+
+def choose(*, given: ChatTemplate | None, in_file: str | None, architecture: str | None) -> ChatTemplate:
+    """The template a conversion writes, by the order in the module docstring; `given`: `given_template`'s."""
     if given is not None:
-        text = read_template_file(given)
-        replaced = " (in place of the source's own)" if in_file else ""
-        return ChatTemplate(text, "argument", f"chat template: {given}, as given{replaced}")
+        return replace(given, note=given.note + " (in place of the source's own)") if in_file else given
     if in_file:
         return ChatTemplate(in_file, "file", "chat template: the source's own")
     family = family_template(architecture)

@@ -153,7 +153,7 @@ def convert(
 ) -> ConversionResult:
     """Convert `src` into the model directory `out` (see the module docstring); all or nothing. `chat_template`: a
     template file that wins over the source's own (convert/chat_template.py says which one is written)."""
-    from maxtext_compat.convert.chat_template import choose, read_template_file
+    from maxtext_compat.convert.chat_template import choose, given_template
     from maxtext_compat.convert.gguf_gemma3 import ARCHITECTURE as GEMMA3
     from maxtext_compat.convert.gguf_gemma3 import Gemma3Checkpoint
     from maxtext_compat.convert.maxtext_checkpoint import checkpoint_overrides, write_maxtext_checkpoint
@@ -169,13 +169,12 @@ def convert(
         )
     target = Path(out).absolute()
     _check_out(target, Path(src), force)
-    if chat_template is not None:
-        read_template_file(chat_template)  # a bad template file is refused before the source is read
+    given = None if chat_template is None else given_template(chat_template)  # refused before the source is read
     ckpt, tokenizer, in_file = read_source(src)  # before any directory is made: a bad source leaves nothing
     if tokenizer is None and in_file is None:  # a model directory: its tokenizer_config.json may hold one
         in_file = _directory_template(Path(src))
     family = GEMMA3 if isinstance(ckpt, Gemma3Checkpoint) else None
-    template = choose(given=chat_template, in_file=in_file, architecture=family)
+    template = choose(given=given, in_file=in_file, architecture=family)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
