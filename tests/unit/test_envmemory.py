@@ -136,14 +136,18 @@ def test_needs_gb_is_the_largest_state_the_gate_allows(envs, holder_index):
     assert gate.needs_gb(names, holder) == pytest.approx(_oracle_gb(names, peaks, light, holder))
 
 
-def test_the_sampler_splits_the_peak_at_the_heavy_mark(tmp_path):
+def _scripted_sampler(tmp_path, readings: list[float], mark_after: float) -> tuple[envmemory.PeakSampler, list[float]]:
+    """A PeakSampler over `readings` (then 0.0 until it stops), the heavy phase's mark written during the reading
+    `mark_after`; with the floor each reading was given."""
     mark = tmp_path / "env.heavy"
-    readings = iter([2.0, 3.0, 9.0, 4.0])
+    floors: list[float] = []
+    values = iter(readings)
     done = threading.Event()
 
-    def reader(_pid: int, _floor: float) -> float:
-        value = next(readings, None)
-        if value == 3.0:
+    def reader(_pid: int, floor: float) -> float:
+        floors.append(floor)
+        value = next(values, None)
+        if value == mark_after:
             mark.write_text("0.0\n")  # the heavy phase begins after this reading
         if value is None:
             done.set()
@@ -152,6 +156,11 @@ def test_the_sampler_splits_the_peak_at_the_heavy_mark(tmp_path):
 
     with envmemory.PeakSampler(1, interval=0.001, reader=reader, heavy_mark=mark) as sampler:
         assert done.wait(HANG_GUARD_S)
+    return sampler, floors
+
+
+def test_the_sampler_splits_the_peak_at_the_heavy_mark(tmp_path):
+    sampler, _ = _scripted_sampler(tmp_path, [2.0, 3.0, 9.0, 4.0], mark_after=3.0)
     assert (sampler.light_peak_gb, sampler.peak_gb) == (3.0, 9.0)
 
 
@@ -239,23 +248,7 @@ def test_a_tree_within_the_floor_is_not_read_for_pss(mocker):
 def test_the_sampler_passes_the_peak_so_far_as_the_floor(tmp_path):
     """The floor is the peak so far (the light peak equals it until the heavy phase's mark, and stays below it
     after), and the peaks come out as the unbounded readings give them."""
-    mark = tmp_path / "env.heavy"
-    floors: list[float] = []
-    readings = iter([2.0, 5.0, 1.0, 3.0, 7.0, 6.0])
-    done = threading.Event()
-
-    def reader(_pid: int, floor: float) -> float:
-        floors.append(floor)
-        value = next(readings, None)
-        if value == 1.0:
-            mark.write_text("0.0\n")
-        if value is None:
-            done.set()
-            return 0.0
-        return value
-
-    with envmemory.PeakSampler(1, interval=0.001, reader=reader, heavy_mark=mark) as sampler:
-        assert done.wait(HANG_GUARD_S)
+    sampler, floors = _scripted_sampler(tmp_path, [2.0, 5.0, 1.0, 3.0, 7.0, 6.0], mark_after=1.0)
     assert floors[:6] == [0.0, 2.0, 5.0, 5.0, 5.0, 7.0] and (sampler.light_peak_gb, sampler.peak_gb) == (5.0, 7.0)
 
 
