@@ -137,9 +137,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # (envmemory.enter_heavy_phase): one gated environment at a time is in its heavy phase, the others run their light
 # phases beside it.
 SERVING_MODULES = (
-    "test_output_head", "test_readme_recipes", "test_serving_conformance", "test_serving_data_parallel",
-    "test_serving_load", "test_serving_multihost_ray", "test_serving_real_gemma3", "test_serving_real_model",
-    "test_serving_vllm",
+    "test_output_head", "test_readme_recipes", "test_serve_trained_checkpoint", "test_serving_conformance",
+    "test_serving_data_parallel", "test_serving_load", "test_serving_multihost_ray", "test_serving_real_gemma3",
+    "test_serving_real_model", "test_serving_vllm",
 )  # fmt: skip
 RUN_LAST = ("test_convert_checkpoint", "test_real_gemma3")
 

@@ -34,6 +34,7 @@ from typing import Any
 from maxtext_compat import tempdirs
 from maxtext_compat.errors import InvalidArgumentError
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 # The tiny model's MaxText keys that shape it (testing.tiny.TINY minus test-only switches).
 TINY_MODEL_KEYS = (
     "base_emb_dim",
@@ -232,8 +233,6 @@ def build_command(
         ]
         if not maxtext.get("load_parameters_path"):
             defaults.append(("--load-format", "dummy"))
-        if not any((Path(model) / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
-            defaults.append(("--skip-tokenizer-init", None))
         for flag, value in defaults:
             if not _has_flag(args, flag):
                 args += [flag] if value is None else [flag, value]
@@ -245,6 +244,10 @@ def build_command(
             found=None,
             fix="maxtext-compat serve /path/to/model --additional-config '{\"maxtext_config\": {...}}'",
         )
+    if not any((Path(model) / f).exists() for f in TOKENIZER_FILES) and not _has_flag(args, "--skip-tokenizer-init"):
+        # no tokenizer to load (the tiny model; a trained checkpoint converted without --tokenizer): token ids in/out
+        args.append("--skip-tokenizer-init")
+        notes.append(f"{model} has no tokenizer: --skip-tokenizer-init (prompts and completions as token ids)")
     if not ns.tiny:
         from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG
         from maxtext_compat.serving.serve_inputs import check_model_dir, read_maxtext_config

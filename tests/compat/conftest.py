@@ -39,3 +39,15 @@ def smollm2_dir(tmp_path_factory):
     from maxtext_compat.testing import real_model as rm
 
     return convert.convert(rm.smollm2_gguf(), tmp_path_factory.mktemp("smollm2") / "model")
+
+
+@pytest.fixture(scope="session")
+def maxtext_trained(tmp_path_factory):
+    """MaxText's own trainer run once per session (helpers.maxtext_trainer: STEPS steps of the tiny model, float32,
+    checkpoints saved): (its per-step metrics rows, its log, the checkpoints folder it wrote). The training test's
+    plain run and the checkpoint the serving test converts."""
+    from helpers.maxtext_trainer import CHECKPOINTED, STEPS, train
+
+    work = tmp_path_factory.mktemp("trained")
+    rows, log = train(work, CHECKPOINTED, steps=STEPS)
+    return rows, log, work / "out" / "compat" / "checkpoints"

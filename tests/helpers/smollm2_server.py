@@ -34,15 +34,17 @@ def serve(
     flags: tuple[str, ...] = (),
     settings: Mapping[str, object] | None = None,
     label: str = "smollm2",
+    python: str = sys.executable,
 ) -> Iterator[Server]:
     """`maxtext-compat serve MODEL_DIR --max-model-len ...` of a `convert` result (its .out, .checkpoint); `settings`
-    go in `--additional-config` beside maxtext_config, as `{"maxtext_compat": settings}`."""
+    go in `--additional-config` beside maxtext_config, as `{"maxtext_compat": settings}`; `python`: the interpreter
+    of the environment that serves (another matrix environment's for a partner)."""
     out, checkpoint = str(model_dir.out), str(model_dir.checkpoint)  # type: ignore[attr-defined]
     port = vllm_server.free_port()
     maxtext_config = {"max_prefill_predict_length": max_len - 4, "max_target_length": max_len,
                       "ici_tensor_parallelism": tp, "load_parameters_path": checkpoint}  # fmt: skip
     additional = {"maxtext_config": maxtext_config, **({"maxtext_compat": dict(settings)} if settings else {})}
-    argv = [sys.executable, "-m", "maxtext_compat.cli", "serve", out, f"--max-num-batched-tokens={max_len}",
+    argv = [python, "-m", "maxtext_compat.cli", "serve", out, f"--max-num-batched-tokens={max_len}",
             f"--max-model-len={max_len}", f"--max-num-seqs={seqs}", f"--tensor-parallel-size={tp}", "--port",
             str(port), f"--additional-config={json.dumps(additional)}", *flags]  # fmt: skip
     with _started(argv, port, out, log_dir / f"{label}_tp{tp}_seqs{seqs}_len{max_len}.log", env) as srv:

@@ -365,8 +365,16 @@ def loaded_by_maxtext(model_dir: str | Path, *, max_len: int = 32, **overrides: 
     """(config, f(tokens (B, max_len) int32) -> logits) with the converted checkpoint restored by the installed
     MaxText's own loader from `load_parameters_path`: `from_pretrained` (0.2.2+), or `setup_decode_state` with the
     Linen Transformer (0.1.0, as its MaxEngine loads decode weights)."""
-    import importlib
     import json
+
+    keys = json.loads((Path(model_dir) / "maxtext_config.json").read_text(encoding="utf-8"))
+    return restored_by_maxtext(keys, max_len=max_len, **overrides)
+
+
+def restored_by_maxtext(keys: dict[str, Any], *, max_len: int = 32, **overrides: Any) -> tuple[Any, Any]:
+    """`loaded_by_maxtext` for the MaxText config `keys` (its `load_parameters_path` names the checkpoint; a
+    training checkpoint's items folder too: MaxText's loader reads only the parameters of a saved train state)."""
+    import importlib
 
     import jax
     import jax.numpy as jnp
@@ -375,8 +383,8 @@ def loaded_by_maxtext(model_dir: str | Path, *, max_len: int = 32, **overrides: 
     from maxtext_compat.testing import tiny
 
     row = tiny.installed_row()
-    keys = json.loads((Path(model_dir) / "maxtext_config.json").read_text(encoding="utf-8"))
-    keys |= {"max_target_length": max_len, "max_prefill_predict_length": max_len - 4, "enable_checkpointing": True}
+    keys = {**keys, "max_target_length": max_len, "max_prefill_predict_length": max_len - 4,
+            "enable_checkpointing": True}  # fmt: skip
     backend = backend_for(row)
     cfg = backend.base_config(keys | overrides)
     mesh = tiny.tiny_mesh(cfg)
