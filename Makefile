@@ -30,7 +30,7 @@ help:
 	@echo "make bench  - benchmarks (writes build/bench.md)"
 	@echo "make docs   - the documentation site, strict (writes build/site/; open build/site/index.html)"
 	@echo "make test-extended - beyond make test: real-model serving on 0.2.4, TP=3, 4 requests; the 32-client load run; full-depth churn and fuzz"
-	@echo "make tpu-wheels - download the accelerator tier's wheels the TPU machine lacks into build/tpu-parts/ (docs/tpu.md)"
+	@echo "make tpu-wheels - download the accelerator tier's wheels the TPU machine lacks into build/tpu-parts/ (tools/tpu/README.md)"
 	@echo "make test-accel - install the accelerator tier and run its tests on the TPU or GPU found (MAXTEXT_COMPAT_ACCEL=dry|dry-gpu: on a CPU; alias test-tpu)"
 	@echo "make bench-accel - its figures into docs/accelerators.md (MAXTEXT_COMPAT_ACCEL=dry|dry-gpu: a labelled CPU rehearsal in build/tpu; alias bench-tpu)"
 
@@ -88,7 +88,7 @@ test-extended: envs
 	  maxtext-0.2.3 maxtext-0.2.2 maxtext-0.1.0 maxtext-0.1.0-jax011 \
 	  --pytest-args -k "fuzzed_documents or real_profile_churns"
 
-# The accelerator tier (docs/accelerators.md, docs/tpu.md): no environment of the matrix, only the interpreter the
+# The accelerator tier (docs/accelerators.md; without PyPI: tools/tpu/README.md): no environment of the matrix, only the interpreter the
 # machine has (with its jax) plus tools/tpu/*.txt installed into build/tpu-site; make test deselects the tests
 # marked tpu. The TPU names are aliases.
 tpu-wheels:

@@ -1,7 +1,7 @@
 """`make bench-tpu`: the TPU tier's figures, measured in one process on the chip (or rehearsed on a CPU: dry).
 
     python benchmarks/bench_tpu.py kernel|model|all --json OUT.json      (MAXTEXT_COMPAT_TPU=1 on a TPU, =dry on CPU)
-    python benchmarks/bench_tpu.py render --doc docs/tpu.md OUT.json ...  (bench_tpu_render.py)
+    python benchmarks/bench_tpu.py render --doc docs/accelerators.md OUT.json ...  (bench_tpu_render.py)
 
 kernel: per shape, the raw kernel of the installed tpu-inference (jitted), our dispatcher called as a function (its
 checks and the metadata upload every call) and inside a jitted step (what a model step pays), `rpa_xla` on the same
@@ -322,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("section", help="kernel, step, model or all, several joined by commas (kernel,step); or render")
     ap.add_argument("inputs", nargs="*", type=Path, help="render: the JSON files to render")
     ap.add_argument("--json", type=Path, help="where the figures go (kernel/model/all)")
-    ap.add_argument("--doc", type=Path, default=Path("docs/tpu.md"), help="render: the page whose section is rewritten")
+    ap.add_argument(
+        "--doc", type=Path, default=Path("docs/accelerators.md"), help="render: the page whose section is rewritten"
+    )
     a = ap.parse_intermixed_args(argv)
     sections = SECTIONS if a.section == "all" else tuple(a.section.split(","))
     if a.section != "render" and not set(sections) <= set(SECTIONS):

@@ -1,4 +1,4 @@
-"""Render bench_tpu.py's JSON into docs/tpu.md's measured section (between the bench-tpu markers).
+"""Render bench_tpu.py's JSON into docs/accelerators.md's measured section (between the bench-tpu markers).
 
 Why separate: the figures are measured on the TPU machine, whose working tree is a copy, and come back as JSON
 files; this renders them there (make bench-tpu) or here from the files brought back, with the same text. A CPU dry

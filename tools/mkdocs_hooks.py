@@ -9,6 +9,7 @@ nobody listed would otherwise fail the strict build): a page another change adds
 
 from __future__ import annotations
 
+import posixpath
 import re
 import sys
 from collections.abc import Callable
@@ -96,13 +97,72 @@ def on_files(files: Files, config: Any) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    """Regenerated pages, and the recorded-times table of testing.md."""
+    """Regenerated pages, the recorded-times table of testing.md, and links out of docs/ made the site's."""
     path = page.file.src_uri
     if path in REGENERATED:
         return REGENERATED[path]()
     if RECORDED_TIMES in markdown:
         markdown = markdown.replace(RECORDED_TIMES, recorded_times())
-    return markdown
+    return site_links(markdown, path, SOURCE_DIRS.get(path, posixpath.join("docs", posixpath.dirname(path))))
+
+
+# Where a generated page's Markdown lives in the repository (its links are written relative to that folder).
+SOURCE_DIRS = {"benchmarks.md": "benchmarks"}
+# Files outside docs/ that the site has as a page of its own: (repository path, anchor or None) -> site page.
+# The reference pages are generated from a source file: on GitHub a link leads to that file, in the site to its page.
+SITE_PAGES = {
+    ("benchmarks/README.md", None): "benchmarks.md",
+    ("README.md", "three-recipes"): "recipes.md",
+    ("compat_matrix.yaml", None): "reference/conventions.md",
+    ("src/maxtext_compat/matrix/types.py", None): "reference/matrix-format.md",
+    ("src/maxtext_compat/cli.py", None): "reference/cli.md",
+    ("src/maxtext_compat/__init__.py", None): "reference/api.md",
+}
+LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def _recipe_anchors() -> set[str]:
+    """The README's recipe headings as GitHub (and the site's recipes page) slug them."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index(docs_pages.RECIPES_START) : readme.index(docs_pages.RECIPES_END)]
+    return {_slug(h) for h in re.findall(r"^### (.+)$", section, flags=re.M)}
+
+
+def _slug(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation but `-` and `_` dropped, spaces to `-`."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def site_links(markdown: str, page: str, source_dir: str) -> str:
+    """Links written for GitHub (relative to the Markdown file in the repository) as the site resolves them.
+
+    Pages link to files outside docs/ as GitHub renders them (`../README.md#three-recipes`,
+    `../benchmarks/results/README.md`): the site has no such files, so a link to one the site has as a page of its
+    own becomes a link to that page, and any other becomes its text with the repository path beside it."""
+    page_dir = posixpath.dirname(page) or "."
+    recipes = None
+
+    def one(match: re.Match[str]) -> str:
+        nonlocal recipes
+        text, target = match.groups()
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            return match.group(0)
+        path, _, anchor = target.partition("#")
+        repo_path = posixpath.normpath(posixpath.join(source_dir, path))
+        if repo_path.startswith("docs/"):
+            site = posixpath.relpath(repo_path.removeprefix("docs/"), page_dir)
+            return f"[{text}]({site}{'#' + anchor if anchor else ''})"
+        if repo_path == "README.md" and anchor:
+            recipes = _recipe_anchors() if recipes is None else recipes
+            if anchor in recipes:
+                return f"[{text}]({posixpath.relpath('recipes.md', page_dir)}#{anchor})"
+        site = SITE_PAGES.get((repo_path, anchor or None))
+        if site:
+            return f"[{text}]({posixpath.relpath(site, page_dir)})"
+        return f"{text} (`{repo_path}`)"
+
+    return LINK.sub(one, markdown)
 
 
 def recorded_times() -> str:

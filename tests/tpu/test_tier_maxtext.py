@@ -1,7 +1,7 @@
-"""MaxText 0.2.3 (the release that runs on the TPU VM's Python 3.11 + jax 0.10.2: docs/tpu.md) through the layer on
-the chip: three prompts prefilled and decoded by the tiny model through the paged KV cache and the compiled RPA
-kernel, token for token equal to MaxText's own dense decode (`maxtext_compat.demo`, the same code `make demo` runs
-on CPU). The old and new calls of each class against the native call: test_tier_layers.py."""
+"""MaxText 0.2.3 (the release that runs on the TPU VM's Python 3.11 + jax 0.10.2: docs/accelerators.md) through
+the layer on the chip: three prompts prefilled and decoded by the tiny model through the paged KV cache and the
+compiled RPA kernel, token for token equal to MaxText's own dense decode (`maxtext_compat.demo`, the same code
+`make demo` runs on CPU). The old and new calls of each class against the native call: test_tier_layers.py."""
 
 from __future__ import annotations
 

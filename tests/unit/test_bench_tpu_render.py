@@ -59,7 +59,7 @@ def test_dry_figures_are_labelled_everywhere_and_never_mixed_with_tpu_ones():
 
 
 def test_render_into_replaces_only_the_marked_section(tmp_path):
-    doc = tmp_path / "tpu.md"
+    doc = tmp_path / "page.md"
     doc.write_text(f"# head\n\ntext before\n{R.BEGIN}\nold figures\n{R.END}\ntext after\n", encoding="utf-8")
     R.render_into(doc, [{"run": RUN, "model": MODEL}])
     text = doc.read_text(encoding="utf-8")
@@ -106,7 +106,7 @@ def test_a_kernel_section_skipped_on_the_gpu_route_says_why():
     assert "Not measured here: needs the Pallas TPU kernel." in text
 
 
-@pytest.mark.parametrize("page", ["tpu.md", "accelerators.md"])
+@pytest.mark.parametrize("page", ["accelerators.md"])
 def test_the_shipped_page_has_the_section(page):
     text = (REPO / "docs" / page).read_text(encoding="utf-8")
     assert text.count(R.BEGIN) == 1 and text.count(R.END) == 1

@@ -39,8 +39,9 @@ def _prose(text: str) -> str:
     return re.sub(r"<!--.*?-->", "", text, flags=re.S)
 
 
-def test_it_is_at_most_150_lines():
-    assert len(README.splitlines()) <= 150
+def test_it_is_at_most_160_lines():
+    """An adopter's first screens (what it fixes, install, doctor's output), the recipes, the versions: no more."""
+    assert len(README.splitlines()) <= 160
 
 
 def test_the_versions_table_is_generated_from_the_matrix():

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call of the accelerator tier (docs/accelerators.md, "Lent a machine?"): install a stage, then its tests
+# One device call of the accelerator tier (docs/accelerators.md; the calls: tools/tpu/README.md): install a stage, then its tests
 # and its benchmark sections in one process (tools/tpu/session.py), then docs/accelerators.md's measured section from
 # every section measured on this machine so far. Everything goes to $OUT as it comes (build/tpu/call-N without one).
 #   1  carry build/tpu-parts/part-1: core stage (kernel, rpa_xla, MaxText's layers, the tiny decode) + bench kernel

@@ -75,7 +75,7 @@ install_stage() {  # name target lists...
   local t0; t0=$(date +%s)
   local reqs=()
   for f in "$@"; do case $f in *-cp312.txt) ;; *) reqs+=(-r "$f") ;; esac; done
-  # MaxText says Requires-Python >=3.12; 0.2.3's code runs on 3.11 (docs/tpu.md).
+  # MaxText says Requires-Python >=3.12; 0.2.3's code runs on 3.11 (docs/accelerators.md).
   "${INSTALL[@]}" --ignore-requires-python --target "$target" "${SRC[@]}" "${reqs[@]}"
   for f in "$@"; do  # wheels built for Python 3.12 only whose code runs on 3.11 (vllm-tpu: see docs/python.md)
     case $f in *-cp312.txt)

