@@ -1,4 +1,4 @@
-"""The `maxtext-compat` command line: doctor, resolve, envs, matrix, pins, report, demo, convert, migrate, serve.
+"""The `maxtext-compat` command line: doctor, resolve, facts, envs, matrix, pins, report, demo, convert, migrate, serve.
 
 Why thin: every command is a view over library functions (doctor.collect, resolve,
 envs.build, env_runner.run_matrix) so what the CLI prints is what the tests assert.
@@ -60,6 +60,14 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         )
     for w in data["warnings"]:
         print(f"warning: {w}")
+    return 0
+
+
+def _cmd_facts(args: argparse.Namespace) -> int:
+    from maxtext_compat.matrix.facts import draft, read_facts
+
+    found = read_facts(args.source)
+    print(json.dumps(found.as_dict(), indent=2) if args.json else draft.render(found))
     return 0
 
 
@@ -304,6 +312,7 @@ EXAMPLES: dict[str, str] = {
     "maxtext-compat": "maxtext-compat resolve --maxtext 0.2.5 --tpu-inference 0.32.0",
     "doctor": "maxtext-compat doctor --json",
     "resolve": "maxtext-compat resolve --maxtext 0.2.2 --tpu-inference 0.20.0",
+    "facts": "maxtext-compat facts maxtext-0.2.5-py3-none-any.whl",
     "envs": "maxtext-compat envs build maxtext-0.2.5",
     "matrix": "maxtext-compat matrix 0.1.0 0.2.5 --extras test",
     "pins": "maxtext-compat pins 0.2.5 --format requirements",
@@ -355,6 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--jax")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_cmd_resolve)
+
+    fc = sub.add_parser("facts", help="a MaxText release's facts read from its code (a wheel, a source tree, the "
+                        "installed one): a draft compat_matrix.yaml row and pin set", **_example("facts"))  # fmt: skip
+    fc.add_argument("source", nargs="?", default="installed", help="a .whl, a source folder, or installed (default)")
+    fc.add_argument("--json", action="store_true", help="the facts, signatures and pins as JSON")
+    fc.set_defaults(func=_cmd_facts)
 
     e = sub.add_parser("envs", help="the matrix's environments: list, build, python", **_example("envs"))
     e.add_argument("action", nargs="?", default="list", choices=["list", "build", "python"])
