@@ -227,6 +227,20 @@ def _render_callers(c: dict[str, Any]) -> list[str]:
     return [line]
 
 
+def _render_code(code: dict[str, Any] | None) -> list[str]:
+    """A MaxText installed from a folder or URL: where from, the rows its code matches, what differs, a refusal."""
+    if not code:
+        return []
+    rows = ", ".join(code["rows"]) or "none"
+    lines = [f"MaxText source: {code['source']}; probes: its code matches row(s) {rows}"]
+    lines += [f"  DIFFERS {k}: installed {d['installed']}, row {d['row']}" for k, d in code["differences"].items()]
+    refusal = code["refusal"]
+    if refusal:
+        lines.append(f"  shims.install() refuses it: {refusal['what']} (row: {refusal['row']}, "
+                     f"installed: {refusal['installed']})")  # fmt: skip
+    return lines
+
+
 def render(report: dict[str, Any]) -> str:
     lines: list[str] = []
     mtx = report["matrix"]
@@ -249,6 +263,7 @@ def render(report: dict[str, Any]) -> str:
                 f"import root {res['import_root']}, default decoder {res['default_decoder']}, "
                 f"deprecation policy {res['deprecation_policy']}"
             )
+        lines.extend(_render_code(res.get("code")))
         form = res.get("rpa_call_form")
         if form:
             kw = ", ".join(form["kwargs"]) or "no optional kwargs"

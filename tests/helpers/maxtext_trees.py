@@ -86,3 +86,38 @@ def source_tree_from_wheel(wheel: Path, dest: Path) -> Path:
         text = zf.read(meta).decode("utf-8")
     (dest / "pyproject.toml").write_text(pyproject_from_metadata(text, packages), encoding="utf-8")
     return dest
+
+
+def edit_attention_call(tree: Path, kind: str) -> Path:
+    """A fork's local change to Attention.__call__ (only that method is edited): `keyword` adds a keyword-only
+    argument with a default (`my_flag: bool = False`); `rename` renames kv_cache to kv_cache_in throughout it."""
+    import ast
+    import re
+
+    path = tree / "src" / "maxtext" / "layers" / "attentions.py"
+    text = path.read_text(encoding="utf-8")
+    cls = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == "Attention")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__call__")
+    lines = text.splitlines(keepends=True)
+    body = "".join(lines[fn.lineno - 1 : fn.end_lineno])
+    if kind == "keyword":
+        anchor = "shared_value: Array | None = None,\n"
+        assert body.count(anchor) == 1, "0.2.5's signature ends with shared_value"
+        body = body.replace(anchor, anchor + "      my_flag: bool = False,\n")
+    elif kind == "rename":
+        body = re.sub(r"\bkv_cache\b", "kv_cache_in", body)
+    else:
+        raise ValueError(kind)
+    path.write_text("".join(lines[: fn.lineno - 1]) + body + "".join(lines[fn.end_lineno :]), encoding="utf-8")
+    return tree
+
+
+def git_commit(tree: Path) -> str:
+    """`tree` as a git repository with one commit; its id."""
+    import subprocess
+
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tree"]):
+        subprocess.run(["git", *cmd], cwd=tree, check=True, env={**env, "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, check=True, capture_output=True, text=True)
+    return out.stdout.strip()
