@@ -119,17 +119,8 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     rows = []
     for spec in specs:
         st = envs.status(spec, ws)
-        rows.append(
-            {
-                "name": spec.name,
-                "maxtext": spec.maxtext,
-                "built": st.built,
-                "up_to_date": st.up_to_date,
-                "path": st.path,
-                "serving": spec.serving,
-                "description": spec.description,
-            }
-        )
+        rows.append({"name": spec.name, "maxtext": spec.maxtext, "built": st.built, "up_to_date": st.up_to_date,
+                     "path": st.path, "serving": spec.serving, "description": spec.description})  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -158,6 +149,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
     ws = _workspace(args)
     selected = _environment_names(ws, args.names) or list(ws.matrix.environments)
+    if args.maxtext is not None:  # the user's own MaxText in place of the set's
+        from maxtext_compat import workspace
+
+        ws, selected = workspace.with_own_maxtext(ws, selected, args.maxtext)
     names = selected
     run: dict[str, object] = {"selected": selected}
     if args.shard is not None:
@@ -386,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mx.add_argument("names", nargs="*", help="environments, or in your project MaxText releases (0.1.0 0.2.5)")
     _workspace_options(mx, extras=True)
+    mx.add_argument("--maxtext", metavar="SOURCE", default=None, help="your own MaxText in place of the release's: "
+                    "a source folder (installed editable), a wheel, or git+file:///PATH@REF")  # fmt: skip
     mx.add_argument(
         "--shard",
         type=_shard,
