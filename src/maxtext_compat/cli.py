@@ -1,4 +1,4 @@
-"""The `maxtext-compat` command line: doctor, resolve, envs, matrix, pins, report, demo, convert, migrate, serve.
+"""The `maxtext-compat` command line: doctor, resolve, facts, envs, matrix, pins, report, demo, convert, migrate, serve.
 
 Why thin: every command is a view over library functions (doctor.collect, resolve,
 envs.build, env_runner.run_matrix) so what the CLI prints is what the tests assert.
@@ -64,6 +64,14 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_facts(args: argparse.Namespace) -> int:
+    from maxtext_compat.matrix.facts import draft, read_facts
+
+    found = read_facts(args.source)
+    print(json.dumps(found.as_dict(), indent=2) if args.json else draft.render(found))
+    return 0
+
+
 def _workspace(args: argparse.Namespace) -> Any:
     """The workspace a matrix command runs in: --project (default: here), its state in --cache-dir."""
     from maxtext_compat import workspace
@@ -112,17 +120,8 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     rows = []
     for spec in specs:
         st = envs.status(spec, ws)
-        rows.append(
-            {
-                "name": spec.name,
-                "maxtext": spec.maxtext,
-                "built": st.built,
-                "up_to_date": st.up_to_date,
-                "path": st.path,
-                "serving": spec.serving,
-                "description": spec.description,
-            }
-        )
+        rows.append({"name": spec.name, "maxtext": spec.maxtext, "built": st.built, "up_to_date": st.up_to_date,
+                     "path": st.path, "serving": spec.serving, "description": spec.description})  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -151,6 +150,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
     ws = _workspace(args)
     selected = _environment_names(ws, args.names) or list(ws.matrix.environments)
+    if args.maxtext is not None:  # the user's own MaxText in place of the set's
+        from maxtext_compat import workspace
+
+        ws, selected = workspace.with_own_maxtext(ws, selected, args.maxtext)
     names = selected
     run: dict[str, object] = {"selected": selected}
     if args.shard is not None:
@@ -339,6 +342,7 @@ EXAMPLES: dict[str, str] = {
     "maxtext-compat": "maxtext-compat resolve --maxtext 0.2.5 --tpu-inference 0.32.0",
     "doctor": "maxtext-compat doctor --json",
     "resolve": "maxtext-compat resolve --maxtext 0.2.2 --tpu-inference 0.20.0",
+    "facts": "maxtext-compat facts maxtext-0.2.5-py3-none-any.whl",
     "envs": "maxtext-compat envs build maxtext-0.2.5",
     "matrix": "maxtext-compat matrix 0.1.0 0.2.5 --extras test",
     "pins": "maxtext-compat pins 0.2.5 --format requirements",
@@ -391,6 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_cmd_resolve)
 
+    fc = sub.add_parser("facts", help="a MaxText release's facts read from its code (a wheel, a source tree, the "
+                        "installed one): a draft compat_matrix.yaml row and pin set", **_example("facts"))  # fmt: skip
+    fc.add_argument("source", nargs="?", default="installed", help="a .whl, a source folder, or installed (default)")
+    fc.add_argument("--json", action="store_true", help="the facts, signatures and pins as JSON")
+    fc.set_defaults(func=_cmd_facts)
+
     e = sub.add_parser("envs", help="the matrix's environments: list, build, python", **_example("envs"))
     e.add_argument("action", nargs="?", default="list", choices=["list", "build", "python"])
     e.add_argument("names", nargs="*")
@@ -406,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mx.add_argument("names", nargs="*", help="environments, or in your project MaxText releases (0.1.0 0.2.5)")
     _workspace_options(mx, extras=True)
+    mx.add_argument("--maxtext", metavar="SOURCE", default=None, help="your own MaxText in place of the release's: "
+                    "a source folder (installed editable), a wheel, or git+file:///PATH@REF")  # fmt: skip
     mx.add_argument(
         "--shard",
         type=_shard,

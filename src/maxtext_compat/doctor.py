@@ -53,6 +53,46 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
     return report
 
 
+def own_maxtext() -> dict[str, Any]:
+    """The installed MaxText as `matrix --maxtext` reports it: its version and commit, the row its code resolved
+    as (or what the probes found where none matched) and which of our layers refused it, with the typed error."""
+    from maxtext_compat.installed import refuse_unbridged
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            res = resolve()
+        except CompatError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+    info = res.versions.get("maxtext")
+    code = res.code
+    out: dict[str, Any] = {
+        "version": None if info is None else info.version,
+        "commit": None if info is None else info.commit,
+        "row": None if res.maxtext is None else res.maxtext.name,
+        "by_probes": code is not None and code.row is not None,
+        "differences": {} if code is None else {k: a for k, (a, _) in code.differences.items()},
+        "refused": [],
+    }
+    try:
+        refuse_unbridged(res)
+    except CompatError as exc:
+        out["refused"].append({"layer": "shims.install()", "error": f"{type(exc).__name__}: {exc}"})
+    return out
+
+
+def own_maxtext_column(data: dict[str, Any], source: str) -> str:
+    """The report's column for `matrix --maxtext SOURCE`: what was installed and what our layers made of it."""
+    if "error" in data:
+        return f"MaxText from {source}: not resolved ({data['error']})"
+    at = data["commit"] or data["version"]
+    if data["by_probes"]:
+        return f"MaxText from {source} at {at}, resolved as {data['row']} by probes"
+    found = "; ".join(f"{k} {v}" for k, v in data["differences"].items())
+    refused = "; ".join(f"{r['layer']} refused it: {r['error']}" for r in data["refused"]) or "no layer refused it"
+    return f"MaxText from {source} at {at}: probes match no row (against {data['row']} they found {found}); {refused}"
+
+
 def _fingerprint(res: Resolution | None) -> dict[str, Any]:
     """This process's plugin fingerprint (what a vLLM worker compares with the engine's): digest and fields."""
     from maxtext_compat.serving import fingerprint, settings
@@ -227,6 +267,20 @@ def _render_callers(c: dict[str, Any]) -> list[str]:
     return [line]
 
 
+def _render_code(code: dict[str, Any] | None) -> list[str]:
+    """A MaxText installed from a folder or URL: where from, the rows its code matches, what differs, a refusal."""
+    if not code:
+        return []
+    rows = ", ".join(code["rows"]) or "none"
+    lines = [f"MaxText source: {code['source']}; probes: its code matches row(s) {rows}"]
+    lines += [f"  DIFFERS {k}: installed {d['installed']}, row {d['row']}" for k, d in code["differences"].items()]
+    refusal = code["refusal"]
+    if refusal:
+        lines.append(f"  shims.install() refuses it: {refusal['what']} (row: {refusal['row']}, "
+                     f"installed: {refusal['installed']})")  # fmt: skip
+    return lines
+
+
 def render(report: dict[str, Any]) -> str:
     lines: list[str] = []
     mtx = report["matrix"]
@@ -249,6 +303,7 @@ def render(report: dict[str, Any]) -> str:
                 f"import root {res['import_root']}, default decoder {res['default_decoder']}, "
                 f"deprecation policy {res['deprecation_policy']}"
             )
+        lines.extend(_render_code(res.get("code")))
         form = res.get("rpa_call_form")
         if form:
             kw = ", ".join(form["kwargs"]) or "no optional kwargs"

@@ -244,7 +244,7 @@ def _populate(spec: EnvironmentSpec, path: Path, uv: list[str], python: str, t0:
 
         self_args = selfwheel.self_install_args(ws.state / "self")
     target = ["--python", str(path / "bin" / "python")]
-    for args in pinsets.install_plan(spec, work, work, self_args, ws.project_install):
+    for args in pinsets.install_plan(spec, work, work, self_args, ws.project_install, ws.maxtext_install):
         _run([*uv, "pip", "install", *target, *args], spec)
     write_marker(path, spec, python, t0, ws)
 

@@ -15,7 +15,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from maxtext_compat.errors import InvalidArgumentError, ResolutionError, UnknownReleaseWarning, warn_at_call_site
+from maxtext_compat.errors import (
+    InvalidArgumentError,
+    ResolutionError,
+    ShimRefusedError,
+    UnknownReleaseWarning,
+    warn_at_call_site,
+)
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow, load_matrix
 from maxtext_compat.probes import package_dir
@@ -83,6 +89,26 @@ def installed_row(*, warn_unknown: bool = False) -> MaxTextRow:
             "MaxText is not installed", fix="install a MaxText release (see `maxtext-compat envs` for working pins)"
         )
     return found.resolution.maxtext
+
+
+def refuse_unbridged(res: Resolution) -> None:
+    """A checkout or fork whose code differs from its row where no adapter bridges it is refused whole (before
+    any patch): a renamed kv_cache, a changed return, a new required keyword-only parameter. An added
+    keyword-only parameter with a default changes no code fact and passes."""
+    code = res.code
+    if code is None or code.refusal is None:
+        return
+    what, row_has, found = code.refusal
+    row = "no row" if res.maxtext is None else f"row {res.maxtext.name}"
+    raise ShimRefusedError(
+        f"MaxText from {code.source} matches no matrix row, and differs from {row} where the adapters cannot "
+        f"bridge it: {what}",
+        argument=what,
+        expected=f"{row_has} ({row})",
+        found=f"{found} (probes match {', '.join(code.rows) or 'no row'})",
+        fix="keep MaxText's signature in your fork (add keyword-only arguments with defaults instead of renaming), "
+        "or add a row for it: `maxtext-compat facts installed` prints a draft",
+    )
 
 
 @dataclass

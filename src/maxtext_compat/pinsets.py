@@ -82,15 +82,24 @@ def on_top(spec: EnvironmentSpec, folder: Path) -> tuple[list[str], Path]:
 
 
 def install_plan(
-    spec: EnvironmentSpec, folder: Path, top: Path, self_args: tuple[str, ...], project: tuple[str, ...] | None
+    spec: EnvironmentSpec,
+    folder: Path,
+    top: Path,
+    self_args: tuple[str, ...],
+    project: tuple[str, ...] | None,
+    maxtext: tuple[str, ...] | None = None,
 ) -> list[tuple[str, ...]]:
     """Every `uv pip install` (its arguments) that makes an environment of `spec`, in order: the set's steps (their
-    files written into `folder`), maxtext-compat (`self_args`), then `project` held to the set by its constraints
-    (written into `top`; None: no project). `matrix` and the nox helper both install this plan."""
+    files written into `folder`), the user's own MaxText (`maxtext`: a folder, a wheel or a VCS URL, held to the
+    set's constraints; the set then pins no maxtext), maxtext-compat (`self_args`), then `project` held to the set
+    by its constraints (written into `top`; None: no project). `matrix` and the nox helper both install this plan."""
     steps = install_steps(spec, folder)
     write_files(steps, folder)
     held, constraints = on_top(spec, top)
-    plan = [*(step.args for step in steps), (*self_args, *held)]
+    plan = [step.args for step in steps]
+    if maxtext is not None:
+        plan.append((*maxtext, "-c", str(constraints), *held))
+    plan.append((*self_args, *held))
     if project is not None:
         plan.append((*project, "-c", str(constraints), *held))
     return plan

@@ -13,7 +13,7 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from maxtext_compat.matrix import OPTIONAL_PARAMS, ClassRef, MaxTextRow
 
@@ -192,3 +192,74 @@ def probe_runtime(row: MaxTextRow) -> ProbeReport:
                 )
             )
     return ProbeReport("runtime", root, tuple(findings))
+
+
+# ----------------------------------------------------------------------------------------------
+# A MaxText installed from a folder or a URL (PEP 610): its row is found by its code, not its version
+# ----------------------------------------------------------------------------------------------
+
+# The code facts the adapters and shims are built from: a difference here cannot be bridged by a row.
+BRIDGED_BY_ROW = ("import_root", "convention", "classes.", "decoder_layers.", "params.", "returns.", "scan_kv_carry")
+_CALLS = {"attention": "Attention.__call__", "decoder_layer": "the decoder layer's __call__",
+          "decoder": "the Decoder's __call__"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CodeMatch:
+    """What the installed code's facts say: the rows they equal, and how they differ from the row resolved."""
+
+    source: str
+    rows: tuple[str, ...]
+    row: str | None
+    differences: dict[str, tuple[object, object]]
+    refusal: tuple[str, str, str] | None  # (what differs, what the row has, what the install has)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "rows": list(self.rows),
+            "row": self.row,
+            "differences": {k: {"installed": a, "row": b} for k, (a, b) in self.differences.items()},
+            "refusal": None
+            if self.refusal is None
+            else dict(zip(("what", "row", "installed"), self.refusal, strict=True)),
+        }
+
+
+def source_of(url: str | None, commit: str | None, editable: bool) -> str:
+    """How a user names a direct install: `editable /path`, `URL at COMMIT`."""
+    where = (url or "").removeprefix("file://") if editable else (url or "?")
+    return f"editable {where}" if editable else (f"{where} at {commit}" if commit else where)
+
+
+def match_code(rows: tuple[MaxTextRow, ...], by_version: MaxTextRow | None, source: str) -> CodeMatch:
+    """The installed MaxText's code facts (read by ast) against every row: those equal, and the differences
+    from the row its version names (else the nearest matching one)."""
+    from maxtext_compat.matrix.facts import differences, read_facts, row_facts
+
+    found = read_facts("installed")
+    equal = tuple(r.name for r in rows if not differences(found.row, row_facts(r)))
+    row = by_version if by_version is not None and by_version.name in equal else None
+    if row is None and equal:
+        row = max((r for r in rows if r.name in equal), key=lambda r: r.release)
+    base = row or by_version
+    diff = {} if base is None else differences(found.row, row_facts(base))
+    return CodeMatch(source, equal, None if row is None else row.name, diff, _refusal(found.signatures, diff))
+
+
+def _refusal(signatures: dict[str, list[dict[str, object]]], diff: dict[str, tuple[object, object]]) -> Any:
+    """The first thing the adapters cannot bridge: a required keyword-only parameter, or a differing fact."""
+    for key, call in _CALLS.items():
+        for p in signatures.get(key, []):
+            if p["keyword_only"] and not p["has_default"]:
+                return (f"{call} parameter {p['name']}", "no such required keyword-only parameter", "required")
+    for key, (found, row) in sorted(diff.items(), key=lambda kv: not kv[0].startswith("params.")):  # a name first
+        if not key.startswith(BRIDGED_BY_ROW):
+            continue
+        if key.startswith("params.") and isinstance(found, list) and isinstance(row, list):
+            missing, extra = sorted(set(row) - set(found)), sorted(set(found) - set(row))
+            call = _CALLS[key.removeprefix("params.")]
+            what = f"{call} parameter {', '.join(missing or extra)}"
+            return (what, "present" if missing else "absent", "absent" if missing else "present")
+        return (key, str(row), str(found))
+    return None

@@ -24,10 +24,10 @@ from maxtext_compat.errors import (
     warn_at_call_site,
 )
 from maxtext_compat.matrix import CompatMatrix, MaxTextRow, TpiRelease, TpuInferenceRow, load_matrix
-from maxtext_compat.probes import ProbeReport, probe_static
+from maxtext_compat.probes import CodeMatch, ProbeReport, match_code, probe_static, source_of
 from maxtext_compat.versions import DistInfo, hypothetical_versions, installed_versions
 
-MaxTextMatch = Literal["exact", "commit", "dev", "nearest", "absent"]
+MaxTextMatch = Literal["exact", "commit", "dev", "probes", "nearest", "absent"]
 TpuInferenceMatch = Literal["exact", "nearest", "absent"]
 
 
@@ -43,6 +43,7 @@ class Resolution:
     notes: tuple[str, ...] = ()
     probe: ProbeReport | None = None
     matrix: CompatMatrix | None = field(default=None, repr=False, compare=False)
+    code: CodeMatch | None = None  # a MaxText installed from a folder or URL: its row found by its code
 
     @property
     def convention(self) -> str | None:
@@ -88,6 +89,7 @@ class Resolution:
             "cpu_shim_verified": self.cpu_shim_verified,
             "notes": list(self.notes),
             "probe": None if self.probe is None else self.probe.as_dict(),
+            "code": None if self.code is None else self.code.as_dict(),
         }
 
 
@@ -117,6 +119,10 @@ def resolve_versions(
     m = matrix
     notes: list[str] = []
     row, how = _match_maxtext(m, infos.get("maxtext"), notes)
+    code = None
+    info = infos.get("maxtext")
+    if info is not None and (info.editable or info.url):  # PEP 610: a folder, a VCS URL or an archive
+        row, how, code = _by_code(m, info, row, how, notes)
     tpi, tpi_how = _match_tpu_inference(m, infos.get("tpu_inference"), notes)
     _check_pairs(m, infos, row, tpi)
     report = None
@@ -132,7 +138,30 @@ def resolve_versions(
             disagrees = f"matrix row {row.name} disagrees with the installed MaxText: {text}"
             warn_at_call_site(disagrees, ProbeMismatchWarning)
             notes.append(f"probe mismatch: {text}")
-    return Resolution(infos, row, how, tpi, tpi_how, tuple(notes), report, m)
+    return Resolution(infos, row, how, tpi, tpi_how, tuple(notes), report, m, code)
+
+
+def _by_code(
+    m: CompatMatrix, info: DistInfo, row: MaxTextRow | None, how: MaxTextMatch, notes: list[str]
+) -> tuple[MaxTextRow | None, MaxTextMatch, CodeMatch | None]:
+    """A checkout, a fork or a commit of MaxText: the row whose code facts its code has (the version's first)."""
+    from maxtext_compat.errors import CompatError
+
+    source = source_of(info.url, info.commit, info.editable)
+    by_version = row if how in ("exact", "commit", "dev") else None
+    try:
+        code = match_code(m.maxtext, by_version, source)
+    except CompatError as exc:  # the folder an editable install names is gone: said, resolved by version
+        notes.append(f"MaxText from {source}: its code could not be read ({exc}); resolved by version")
+        return row, how, None
+    if code.row is not None:
+        notes.append(f"MaxText from {source} ({info.version}): resolved as row {code.row} by probes")
+        chosen = m.row(code.row)
+        return chosen, how if chosen is by_version else "probes", code
+    text = "; ".join(f"{k}: installed {a}, row {b}" for k, (a, b) in code.differences.items())
+    notes.append(f"MaxText from {source} ({info.version}): probes match no row; against row "
+                 f"{'-' if row is None else row.name}: {text}")  # fmt: skip
+    return row, how, code
 
 
 def _match_maxtext(m: CompatMatrix, info: DistInfo | None, notes: list[str]) -> tuple[MaxTextRow | None, MaxTextMatch]:

@@ -111,6 +111,7 @@ def _read_dist(dist_name: str) -> DistInfo | None:
         url = direct.url
         if direct.vcs_info is not None:
             commit = direct.vcs_info.commit_id
+            url = f"{direct.vcs_info.vcs}+{direct.url}"  # as the user wrote it: git+file:///...
         editable = bool(direct.dir_info is not None and direct.dir_info.editable)
         if commit is None and url:
             commit = _commit_from_archive_url(url)

@@ -40,6 +40,8 @@ class Workspace:
     project_install: tuple[str, ...] | None = None  # the user's project (None: this checkout itself)
     records: Path | None = None  # the folder of env_durations.json and env_memory.json
     identity: dict[str, Any] = field(default_factory=dict)  # what besides the pins decides an environment's contents
+    maxtext_install: tuple[str, ...] | None = None  # `matrix --maxtext`: the user's own MaxText, in place of the set's
+    maxtext_source: str | None = None  # that MaxText as the user named it (a folder, a wheel, a VCS URL)
 
     @property
     def is_checkout(self) -> bool:
@@ -195,3 +197,46 @@ def _self_identity() -> str:
     dist = metadata.distribution("maxtext-compat")
     parts = [dist.version, dist.read_text("RECORD") or "", dist.read_text("direct_url.json") or ""]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def with_own_maxtext(ws: Workspace, names: list[str], source: str) -> tuple[Workspace, list[str]]:
+    """The workspace and environment that run the one pin set `names` holds with MaxText from `source` in place of
+    its own: a folder (installed editable), a wheel, or a VCS URL (`git+file:///path@REF`). The environment has a
+    name of its own (the set's, `-own-` and a digest of the source), so the set's environment is left as it is."""
+    from maxtext_compat.matrix.environments import drop_maxtext
+
+    if len(names) != 1:
+        raise InvalidArgumentError(
+            "--maxtext replaces the MaxText of one pin set", argument="names", expected="one release",
+            found=names, fix="name one release, e.g. `maxtext-compat matrix 0.2.5 --maxtext ../maxtext`",
+        )  # fmt: skip
+    spec = ws.matrix.environment(names[0])
+    install, ident = _maxtext_install(source)
+    no_deps = len(drop_maxtext(spec.no_deps)) < len(spec.no_deps)  # the set installs MaxText without its deps
+    own = f"{spec.name}-own-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+    derived = dataclasses.replace(
+        spec, name=own, requirements=drop_maxtext(spec.requirements), no_deps=drop_maxtext(spec.no_deps),
+        description=f"{spec.description}; MaxText from {source}",
+    )  # fmt: skip
+    m = dataclasses.replace(ws.matrix, environments={**ws.matrix.environments, own: derived})
+    install = (*install, "--no-deps") if no_deps else install
+    identity = {**ws.identity, "maxtext_source": ident}
+    return dataclasses.replace(ws, matrix=m, maxtext_install=install, maxtext_source=source, identity=identity), [own]
+
+
+def _maxtext_install(source: str) -> tuple[tuple[str, ...], str]:
+    """(`uv pip install` arguments, what identifies the source) for a folder, a wheel or a VCS URL."""
+    if source.startswith(("git+", "hg+", "svn+", "bzr+")):
+        return (f"maxtext @ {source}",), source
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".whl":
+        return (str(path.resolve()),), hashlib.sha256(path.read_bytes()).hexdigest()
+    if path.is_dir() and any((path / f).is_file() for f in ("pyproject.toml", "setup.py")):
+        return ("-e", str(path.resolve())), str(path.resolve())  # editable: an edit needs no rebuild
+    raise InvalidArgumentError(
+        "is no MaxText to install",
+        argument="--maxtext",
+        expected="a folder holding MaxText's source (with pyproject.toml), a MaxText wheel, or git+file:///PATH@REF",
+        found=source if path.exists() or "://" in source else f"{source} (no such file or folder)",
+        fix="pass your MaxText checkout's folder, a wheel it built, or a git URL with the commit or branch",
+    )

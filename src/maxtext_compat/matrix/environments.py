@@ -273,3 +273,8 @@ def _pins_maxtext(requirement: str) -> bool:
 
 def _repin_maxtext(requirement: str, release: str | None) -> str:
     return f"maxtext=={release}" if release and _pins_maxtext(requirement) else requirement
+
+
+def drop_maxtext(requirements: tuple[str, ...]) -> tuple[str, ...]:
+    """`requirements` without the line that installs maxtext (a user's own MaxText goes in its place)."""
+    return tuple(r for r in requirements if not _pins_maxtext(r))

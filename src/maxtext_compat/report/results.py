@@ -36,6 +36,7 @@ class EnvResult:
     cold_cache: bool = False  # its JAX compilation cache held nothing when it started (envdurations)
     light_peak_gb: float = 0.0  # the peak before its heavy phase began (0.0: the run had none; envmemory)
     gate_wait_s: float = 0.0  # seconds its test process waited for the heavy phase's gate (not its own work)
+    source: str = ""  # `matrix --maxtext`: where its MaxText came from, the row its code resolved as, what refused it
 
     @property
     def ok(self) -> bool:
@@ -75,7 +76,7 @@ def why_not_real(m: CompatMatrix, label: str) -> str:
 
 
 REPORT_FIELDS = ("name", "versions", "passed", "failed", "skipped", "duration_s", "peak_memory_gb", "errors", "status",
-                 "detail", "maxtext", "cold_cache")  # fmt: skip
+                 "detail", "maxtext", "cold_cache", "source")  # fmt: skip
 
 
 def write_reports(
@@ -119,6 +120,7 @@ def render_table(results: Sequence[EnvResult]) -> str:
             f"{r.name:<22} {r.maxtext or '-':<8} {r.passed:>7} {r.failed + r.errors:>7} {r.skipped:>8} "
             f"{r.duration_s:>7.0f}s {r.peak_memory_gb:>6.1f}GB  {r.status}"
         )
+    lines += [f"{r.name}: {r.source}" for r in results if r.source]
     return "\n".join(lines)
 
 
@@ -141,6 +143,8 @@ def render_markdown(
             f"| {r.name} | {r.maxtext or '-'} | {vers} | {r.passed} | {r.failed + r.errors} | {r.skipped} | "
             f"{r.duration_s:.0f} | {r.peak_memory_gb:.1f} | {r.status} |"
         )
+    own = [f"- {r.name}: {r.source}" for r in results if r.source]
+    lines += ["", "## Your own MaxText", "", *own] if own else []
     if real_weights is not None:  # which model families each environment proved with real weights (its junit file)
         lines += ["", "## Model families proven with real weights", ""]
         proven = [(r.name, real_weights.get(r.name) or {}) for r in results]

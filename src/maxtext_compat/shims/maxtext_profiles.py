@@ -355,7 +355,11 @@ def for_declared_convention(profile: str | None) -> str | None:
 
 
 def choose(resolution: Any) -> str | None:
-    """The profile `shims.install()` picks: the backport for pre-#2616 rows, else the defect fixes."""
+    """The profile `shims.install()` picks: the backport for pre-#2616 rows, else the defect fixes; a fork that
+    no row's adapters can call is refused here, before any patch."""
+    from maxtext_compat.installed import refuse_unbridged
+
+    refuse_unbridged(resolution)
     row = resolution.maxtext
     if row is None:
         return None
@@ -396,6 +400,9 @@ class _RowShim(Shim):
         raise NotImplementedError
 
     def specs(self) -> list[Any]:
+        from maxtext_compat.installed import installed_resolution, refuse_unbridged
+
+        refuse_unbridged(installed_resolution().resolution)
         return self.build(_row())
 
     def facts(self) -> dict[str, str]:
