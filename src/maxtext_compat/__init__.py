@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping  # at run time: the contract evaluates resolve's hints in this namespace
 
 from maxtext_compat._lazy import on_first_call
+from maxtext_compat._moved import install as _install_moved_paths
 from maxtext_compat._version import __version__
 from maxtext_compat.errors import (
     BackendUnavailableError,
@@ -49,6 +50,9 @@ from maxtext_compat.errors import (
     WeightsMismatchError,
     WeightsUnavailableError,
 )
+
+# Module paths that moved import as the new module, with a DeprecationWarning (docs/architecture.md).
+_install_moved_paths()
 
 # Not typing's: typing costs `import maxtext_compat` ~8 ms (re, enum, contextlib); see errors.py.
 TYPE_CHECKING = False

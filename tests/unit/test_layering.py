@@ -71,8 +71,9 @@ LAYER_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
             "report",
             "env_runner",
             "cli",
+            "_moved",
         ),
-        "entry points, the pytest plugin and its kit, the compat matrix runner and its report",
+        "entry points, the pytest plugin and its kit, the compat matrix runner and its report, old paths' aliases",
     ),
 )
 LAYERS: tuple[tuple[str, ...], ...] = tuple(names for names, _ in LAYER_TABLE)
