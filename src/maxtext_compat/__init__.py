@@ -1,8 +1,9 @@
 """maxtext-compat: call any MaxText release with either call convention and serve it with vLLM.
 
 `import maxtext_compat` is deliberately light: it imports neither jax nor MaxText. Heavy
-pieces (adapters, shims, the paged KV cache) load on first use. Every error class is exported here
-(they all live in `maxtext_compat.errors`), so one import catches any of them.
+pieces (adapters, shims, the paged KV cache) load on first use. Every error class a user meets is exported here
+(they live in `maxtext_compat.errors`; a refused served request's class, derived where vLLM is installed, is
+caught as `RequestRefusedError`), so one import catches any of them: a unit test holds it.
 
 >>> from importlib.metadata import version
 >>> import maxtext_compat
@@ -40,6 +41,7 @@ from maxtext_compat.errors import (
     ProbeMismatchError,
     ProbeMismatchWarning,
     ProfileError,
+    RequestRefusedError,
     ResolutionError,
     ServingConfigError,
     ServingError,
@@ -87,6 +89,7 @@ __all__ = [
     "ProbeMismatchError",
     "ProbeMismatchWarning",
     "ProfileError",
+    "RequestRefusedError",
     "ResolutionError",
     "ServingConfigError",
     "ServingError",
