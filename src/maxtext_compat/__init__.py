@@ -1,8 +1,9 @@
 """maxtext-compat: call any MaxText release with either call convention and serve it with vLLM.
 
 `import maxtext_compat` is deliberately light: it imports neither jax nor MaxText. Heavy
-pieces (adapters, shims, the paged KV cache) load on first use. Every error class is exported here
-(they all live in `maxtext_compat.errors`), so one import catches any of them.
+pieces (adapters, shims, the paged KV cache) load on first use. Every error class a user meets is exported here
+(they live in `maxtext_compat.errors`; a refused served request's class, derived where vLLM is installed, is
+caught as `RequestRefusedError`), so one import catches any of them: a unit test holds it.
 
 >>> from importlib.metadata import version
 >>> import maxtext_compat
@@ -16,6 +17,7 @@ import os
 from collections.abc import Mapping  # at run time: the contract evaluates resolve's hints in this namespace
 
 from maxtext_compat._lazy import on_first_call
+from maxtext_compat._moved import install as _install_moved_paths
 from maxtext_compat._version import __version__
 from maxtext_compat.errors import (
     BackendUnavailableError,
@@ -39,6 +41,7 @@ from maxtext_compat.errors import (
     ProbeMismatchError,
     ProbeMismatchWarning,
     ProfileError,
+    RequestRefusedError,
     ResolutionError,
     ServingConfigError,
     ServingError,
@@ -49,6 +52,9 @@ from maxtext_compat.errors import (
     WeightsMismatchError,
     WeightsUnavailableError,
 )
+
+# Module paths that moved import as the new module, with a DeprecationWarning (docs/architecture.md).
+_install_moved_paths()
 
 # Not typing's: typing costs `import maxtext_compat` ~8 ms (re, enum, contextlib); see errors.py.
 TYPE_CHECKING = False
@@ -83,6 +89,7 @@ __all__ = [
     "ProbeMismatchError",
     "ProbeMismatchWarning",
     "ProfileError",
+    "RequestRefusedError",
     "ResolutionError",
     "ServingConfigError",
     "ServingError",

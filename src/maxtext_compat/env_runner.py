@@ -317,8 +317,15 @@ def _durations_path(path: Path | None) -> Path | None:
 
 
 def cache_is_cold(name: str, m: CompatMatrix | None = None) -> bool:
-    """True when this environment's compilation cache holds nothing now: its run will compile everything."""
-    return envdurations.cache_is_cold(compile_cache_dir(name, m))
+    """True when this environment's compilation cache holds no entry now (missing, empty, or caches turned off):
+    its run will compile everything."""
+    folder = compile_cache_dir(name, m)
+    if folder is None:
+        return True
+    try:
+        return not any(f.is_file() for f in folder.rglob("*"))
+    except OSError:
+        return True
 
 
 def expected_durations(

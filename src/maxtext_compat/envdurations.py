@@ -3,8 +3,8 @@
 Why two figures: an environment's suite compiles hundreds of XLA programs, and JAX's persistent
 cache turns most of those compiles into reads. maxtext-0.2.5 took 1,794 s on a fresh machine and
 1,022 s on a warm one; a plan made from the warm figures alone puts the two longest environments of
-a fresh machine one after the other. So every run records which case it was (`cache_is_cold` of its
-own cache folder when it started), and the scheduler plans each environment from the figure that
+a fresh machine one after the other. So every run records which case it was (`env_runner.cache_is_cold`
+of its own cache folder when it started), and the scheduler plans each environment from the figure that
 matches its cache now (the other figure where that one was never measured).
 
 File format (tests/env_durations.json, demo_durations.json): `{"env": {"cold": s, "warm": s}}`, either
@@ -80,16 +80,6 @@ def write(path: Path, seconds: Mapping[str, float], cold: Collection[str]) -> Pa
     doc = {name: data[name].as_json() for name in sorted(data)}
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return path
-
-
-def cache_is_cold(folder: Path | None) -> bool:
-    """True when a compilation cache folder holds no entry (missing, empty, or caches turned off: None)."""
-    if folder is None:
-        return True
-    try:
-        return not any(f.is_file() for f in folder.rglob("*"))
-    except OSError:
-        return True
 
 
 def planned(recorded: Mapping[str, Recorded], cold: Callable[[str], bool]) -> dict[str, float]:

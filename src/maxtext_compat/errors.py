@@ -218,7 +218,7 @@ class RequestRefusedError(ShimRefusedError):
     Inside a vLLM server it is also vLLM's `VLLMValidationError`, so the client gets a 400 with vLLM's error
     body naming the parameter (serving_fixes/request_defects.py); catch this class in-process.
 
-    >>> from maxtext_compat.errors import RequestRefusedError
+    >>> from maxtext_compat import RequestRefusedError, ShimRefusedError
     >>> err = RequestRefusedError("frequency_penalty is ignored by tpu-inference's sampler",
     ...                           argument="frequency_penalty", found=0.5, fix="leave frequency_penalty at 0")
     >>> err.argument, isinstance(err, ShimRefusedError)
@@ -425,6 +425,14 @@ class KVCacheNotUpdatedError(CompatError, RuntimeError):
     >>> issubclass(KVCacheNotUpdatedError, RuntimeError)
     True
     """
+
+
+# --- internal signals (caught inside the package, never raised to a user) ---------------------
+
+
+class ParamViolation(Exception):
+    """What beartype raises for the argument contract (its `violation_param_type`): the contract's wrapper catches
+    it and raises InvalidArgumentTypeError naming the argument."""
 
 
 # --- warnings at the user's line ------------------------------------------------------------

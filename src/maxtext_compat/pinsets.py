@@ -13,12 +13,11 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI imports FORMATS before parsing arguments: no YAML or packaging at its start
     from maxtext_compat.matrix import CompatMatrix, EnvironmentSpec
 
-Format = Literal["json", "requirements", "no-deps", "overrides", "commands"]
 FORMATS: tuple[str, ...] = ("json", "requirements", "no-deps", "overrides", "commands")
 
 

@@ -108,10 +108,6 @@ def export_params(source: Any) -> dict[str, np.ndarray]:
     return {path: np.asarray(v) for path, v in flatten_params(source).items()}
 
 
-def param_shapes(source: Any) -> dict[str, tuple[int, ...]]:
-    return {path: tuple(np.shape(v)) for path, v in flatten_params(source).items()}
-
-
 def save_params(source: Any, path: str | Path) -> Path:
     """Write export_params(source) to an .npz file (keys are the '/' paths)."""
     path = Path(path)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from importlib.metadata import version
 
 import pytest
 
+from helpers.fake_modules import make_module
+from maxtext_compat import shims
 from maxtext_compat.cli import main
+from maxtext_compat.patching import PatchSpec, shim
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -77,6 +81,70 @@ def test_doctor_text(capsys):
     code, out, _ = run(capsys, "doctor")
     assert code == 0
     assert "matrix:" in out and "active patches:" in out
+
+
+# MaxText's shims, which docs/architecture.md and docs/shims.md say doctor lists in any process (registered, not
+# installed where MaxText is not).
+MAXTEXT_SHIMS = {"vllm-backport", "known-defects", "call-rule"}
+
+
+def test_doctor_in_a_fresh_process_lists_maxtexts_shims_each_with_its_state_and_verified_range():
+    script = "from maxtext_compat.cli import main; raise SystemExit(main(['doctor', '--json']))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    listed = {s["name"]: s for s in json.loads(out)["shims"]}
+    assert set(listed) >= MAXTEXT_SHIMS
+    for name in MAXTEXT_SHIMS:
+        s = listed[name]
+        assert set(s) >= {"active", "reason", "targets", "verified_for"} and s["verified_for"] and s["reason"], s
+        # installed with its targets, or why not (and then no target)
+        assert bool(s["targets"]) == s["active"], s
+
+
+class _Upper(shim.Shim):
+    """Uppercases a throwaway module's `greet`."""
+
+    name = "doctor-test-upper"
+    verified_for = ("a throwaway module",)
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def specs(self) -> list[PatchSpec]:
+        return [PatchSpec(f"{self.module}:greet", _upper)]
+
+
+def _upper(original: object) -> object:
+    return lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs).upper()
+
+
+def test_doctor_lists_every_shim_and_every_active_patch_with_its_target_and_origin(capsys):
+    """The promise of docs/shims.md: every shim (installed with its targets, or why it did not apply here) and every
+    active patch with its target and origin, in the JSON and one line each in the text."""
+    module = make_module(f"doctor_{uuid.uuid4().hex[:8]}", "def greet(name):\n    return 'hello ' + name\n")
+    target = f"{module.__name__}:greet"
+    s = _Upper(module.__name__)
+    s.install()
+    try:
+        assert module.greet("x") == "HELLO X"
+        code, out, _ = run(capsys, "doctor", "--json")
+        d = json.loads(out)
+        listed = {entry["name"]: entry for entry in d["shims"]}
+        assert code == 0 and set(listed) == {st.name for st in shim.statuses()} and set(listed) >= MAXTEXT_SHIMS
+        assert listed[s.name] == {
+            "name": s.name, "active": True, "reason": "installed", "targets": [target],
+            "verified_for": ["a throwaway module"],
+        }  # fmt: skip
+        [patch] = [p for p in d["active_patches"] if p["target"] == target]
+        assert patch["profile"] == s.name and patch["origin"].endswith("_upper")
+        code, text, _ = run(capsys, "doctor")
+        assert f"shim {s.name}: installed, 1 target(s)" in text.splitlines()
+        assert f"  {target} <- {patch['origin']} ({s.name})" in text.splitlines()
+        for entry in listed.values():  # one line per shim: installed, or why not
+            assert any(line.startswith(f"shim {entry['name']}: ") for line in text.splitlines()), entry
+    finally:
+        s.uninstall()
+        shims.unregister_profile(s.name)
+        del sys.modules[module.__name__]
 
 
 def test_envs_lists_every_matrix_environment(capsys):

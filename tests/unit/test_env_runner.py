@@ -435,6 +435,18 @@ def test_environments_of_one_jaxlib_share_a_compile_cache_and_no_other_does(monk
     assert not env_runner.cache_is_cold("maxtext-0.2.4", m) and env_runner.cache_is_cold("maxtext-0.2.1", m)
 
 
+def test_a_cache_is_cold_until_it_holds_an_entry(monkeypatch, tmp_path):
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    folder = tmp_path / "cc" / "jax-compile" / "unit"
+    assert env_runner.cache_is_cold("unit")  # missing
+    (folder / "sub").mkdir(parents=True)
+    assert env_runner.cache_is_cold("unit")  # folders alone are no entries
+    (folder / "sub" / "jit_f-1234").write_bytes(b"x")
+    assert not env_runner.cache_is_cold("unit")
+    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, "")
+    assert env_runner.cache_is_cold("unit")  # caches turned off
+
+
 def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch, tmp_path):
     monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
     env = env_runner.compile_cache_env("maxtext-0.2.5")

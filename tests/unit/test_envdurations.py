@@ -60,15 +60,6 @@ def test_older_files_read_as_warm_and_unreadable_entries_are_left_out(tmp_path):
     assert envdurations.read(tmp_path / "missing.json") == {} and envdurations.read(None) == {}
 
 
-def test_a_cache_is_cold_until_it_holds_an_entry(tmp_path):
-    folder = tmp_path / "cache"
-    assert envdurations.cache_is_cold(None) and envdurations.cache_is_cold(folder)
-    (folder / "sub").mkdir(parents=True)
-    assert envdurations.cache_is_cold(folder)  # folders alone are no entries
-    (folder / "sub" / "jit_f-1234").write_bytes(b"x")
-    assert not envdurations.cache_is_cold(folder)
-
-
 def test_a_fresh_machine_plans_the_cold_figures_and_shards_always_do(tmp_path, monkeypatch):
     """The scheduler's order on a fresh machine comes from the cold figures: here the environment that is second
     when warm is the longest when cold, and runs first."""

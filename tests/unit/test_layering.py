@@ -40,13 +40,13 @@ LAYER_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
             "locks",
             "contract",
         ),
-        "no package imports: errors, settings read from the environment, locks, the argument contract",
+        "foundations, importing only each other: errors, settings read from the environment, locks, the contract",
     ),
     (("versions",), "the installed distributions"),
     (("matrix", "defects"), "compat_matrix.yaml as typed rows"),
     (("probes", "resolver", "installed", "installed_kernel"), "which row is installed"),
     (("convention",), "the call rule: what a call means on each release (no kernel, no patching engine)"),
-    (("patching",), "the patching engine: transactions, the ledger, profiles (no MaxText knowledge)"),
+    (("patching",), "the patching engine: transactions, the ledger, profiles (no MaxText import: hooks)"),
     (("kernel", "paged"), "tpu-inference's kernel dispatch and the paged KV cache it reads"),
     (("cpu",), "the TPU-only pieces on a CPU; production code never imports them (the kernel takes a hook)"),
     (("write_path", "backport"), "a writing new call below the rule: its checks, and the 0.1.0 backport's kernel"),
@@ -71,8 +71,9 @@ LAYER_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
             "report",
             "env_runner",
             "cli",
+            "_moved",
         ),
-        "entry points, the pytest plugin and its kit, the compat matrix runner and its report",
+        "entry points, the pytest plugin and its kit, the compat matrix runner and its report, old paths' aliases",
     ),
 )
 LAYERS: tuple[tuple[str, ...], ...] = tuple(names for names, _ in LAYER_TABLE)
@@ -221,6 +222,23 @@ def test_the_call_rule_reaches_the_kernel_only_through_its_call_site():
     sig = inspect.Signature()
     with pytest.raises(TypeError, match="write_path"):
         CallSite("attention", load_matrix().row("0.2.5"), sig, sig, "Attention.__call__")  # type: ignore[call-arg]
+
+
+def test_the_patching_engine_imports_nothing_of_maxtext():
+    """MaxText's parts of a profile install (the caller convention's owner, the default profile's chooser) reach the
+    engine as hooks its shims set (`set_declarations`, `set_default_profile_chooser`), never as imports."""
+    imports = sorted(
+        f"{m}: {name}"
+        for m, path in MODULES.items()
+        if m.startswith("maxtext_compat.patching")
+        for node in ast.walk(ast.parse(path.read_text()))
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import)
+            else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        )
+        if name.split(".")[0] in ("maxtext", "MaxText")
+    )  # fmt: skip
+    assert imports == []
 
 
 def test_every_folder_sits_on_one_layer():

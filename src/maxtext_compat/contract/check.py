@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from maxtext_compat._lazy import ON_FIRST_CALL
 from maxtext_compat.contract import words
-from maxtext_compat.contract.hints import Culprit, ParamViolation, conf, explain, to_beartype
+from maxtext_compat.contract.hints import Culprit, conf, explain, to_beartype
 from maxtext_compat.contract.rules import LAZY_TYPES
-from maxtext_compat.errors import CompatError, InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.errors import CompatError, InvalidArgumentError, InvalidArgumentTypeError, ParamViolation
 from maxtext_compat.locks import fork_safe_lock
 
 F = TypeVar("F")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from maxtext_compat.contract.rules import Rule, is_int, is_number
+from maxtext_compat.errors import ParamViolation
 from maxtext_compat.locks import fork_safe_lock
 
 _CONF: Any = None
@@ -42,10 +43,6 @@ def conf() -> Any:
                 is_color=False,
             )
     return _CONF
-
-
-class ParamViolation(Exception):
-    """What beartype raises for us (its `violation_param_type`): caught by the wrapper, never seen by users."""
 
 
 def _fixed_tuple(origin: Any, args: tuple[Any, ...]) -> bool:

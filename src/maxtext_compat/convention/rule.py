@@ -150,7 +150,8 @@ def call_rule(
         return _old_call(site, self, native_call, t.kwargs, decl, explicit_mode, t)
     if site.scan_carry and is_scan_carry(next(iter(t.kwargs.values()), None)):
         return native_call(self, t.kwargs)  # the 0.2.2+ scan-carry protocol: neither convention
-    mode = explicit_mode if explicit_mode is not None else t.kwargs.get("model_mode")  # _mode(), inlined
+    # The model mode: the caller's explicit one, else the call's model_mode, else the layer's, else training.
+    mode = explicit_mode if explicit_mode is not None else t.kwargs.get("model_mode")
     if mode is None:
         mode = getattr(self, "model_mode", None)
     mode = TRAIN if mode is None else str(mode)

@@ -36,7 +36,6 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from maxtext_compat.migrate.callees import Callees, Kind
 
 Target = Literal["kv_return", "legacy"]
-KV_PARAMS = ("kv_cache", "attention_metadata")
 _TIGHT = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
 KV_ARG = {"attention": "kv_cache", "decoder_layer": "kv_cache", "decoder": "kv_caches"}
 ARITY = {"attention": 1, "decoder_layer": 1, "decoder": 2}  # values before the KV result in the new return

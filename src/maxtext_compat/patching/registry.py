@@ -27,7 +27,7 @@ ProfileChooser = Callable[["Resolution"], "str | None"]
 class Declarations(Protocol):
     """What `install(convention=...)` needs from whoever owns caller conventions (MaxText's profiles).
 
-    Why a protocol: the patching engine knows nothing of MaxText; a declaration is only a value that
+    Why a protocol: the patching engine imports nothing of MaxText; a declaration is only a value that
     lives as long as the profile carrying it, and may need a companion profile to reach anything."""
 
     def check(self, value: str, argument: str) -> str: ...

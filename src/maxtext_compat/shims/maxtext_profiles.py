@@ -64,7 +64,8 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
             else:
                 call, module = wrapped, instance
             running = native_call_var.get()
-            if running is not None and running[0] == id(module):  # callers.runs_natively, inlined (every call)
+            # NATIVE_CALL holds (id of the module running natively, ...): this module's own native call
+            if running is not None and running[0] == id(module):
                 return call(*args, **kwargs)  # the rule is applied to this very call already (an adapter's)
             if routes:
                 session = current()
