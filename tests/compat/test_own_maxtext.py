@@ -1,7 +1,7 @@
-"""The user's own MaxText: 0.2.5's wheel unpacked into a source tree and installed editable, two forks of it, and
-the same tree installed from git. `doctor` resolves each by probing its code and names where it came from (PEP 610);
-`shims.install()` accepts the fork that adds a keyword-only argument and refuses, by name, the one that renames
-kv_cache, with nothing patched.
+"""The user's own MaxText: the installed release's wheel (0.2.4 and 0.2.5) unpacked into a source tree and installed
+editable, two forks of it, and the same tree installed from git. `doctor` resolves each by probing its code and names
+where it came from (PEP 610); `shims.install()` accepts the fork that adds a keyword-only argument and refuses, by
+name, the one that renames kv_cache, with nothing patched.
 
 Each install is a venv of its own holding only that MaxText (`uv pip install --no-deps`, the build backend from
 uv's cache); the rest of the stack is this environment's, reached through a .pth file.
@@ -20,9 +20,10 @@ import pytest
 
 from helpers.maxtext_trees import edit_attention_call, git_commit, source_tree_from_wheel, wheel_from_record
 
-pytestmark = pytest.mark.envs("maxtext-0.2.5")
+pytestmark = pytest.mark.envs("maxtext-0.2.4", "maxtext-0.2.5-full")
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+REPO = Path(__file__).resolve().parents[2]
+SRC = str(REPO / "src")
 INSTALL = """
 import json
 from maxtext_compat import shims
@@ -37,7 +38,7 @@ print(json.dumps(out))
 
 
 def _uv() -> str:
-    uv = shutil.which("uv") or shutil.which("uv", path="/work/main/.tools/bin")
+    uv = shutil.which("uv") or shutil.which("uv", path=str(REPO / ".tools" / "bin"))
     if uv is None:
         pytest.fail("uv is not on PATH (make test puts it there)")
     return uv
@@ -62,7 +63,7 @@ def _run(python: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory):
-    """{name: (tree, python)}: the unpacked 0.2.5, its two forks (editable), and the tree from git."""
+    """{name: (tree, python)}: the unpacked release, its two forks (editable), and the tree from git."""
     root = tmp_path_factory.mktemp("own")
     tree = source_tree_from_wheel(wheel_from_record(root / "wheel"), root / "maxtext")
     out = {}
@@ -79,29 +80,38 @@ def _doctor(python: Path) -> dict:
     return json.loads(_run(python, "-m", "maxtext_compat.cli", "doctor", "--json"))
 
 
-def test_the_unpacked_tree_resolves_as_its_row_by_probes(trees):
+@pytest.fixture(scope="module")
+def release() -> str:
+    from maxtext_compat.testing import tiny
+
+    return tiny.installed_row().name
+
+
+def test_the_unpacked_tree_resolves_as_its_row_by_probes(trees, release):
     tree, python = trees["tree"]
     report = _doctor(python)
     res = report["resolution"]
-    assert res["maxtext"] == "0.2.5" and res["versions"]["maxtext"] == "0.2.5 (editable)"
-    assert res["code"] == {"source": f"editable {tree}", "rows": ["0.2.5"], "row": "0.2.5", "differences": {},
-                           "refusal": None}  # fmt: skip
+    assert res["maxtext"] == release and res["versions"]["maxtext"] == f"{release} (editable)"
+    # rows: every row whose code facts the tree's match (0.2.2 to 0.2.5 share theirs); the release's own wins
+    assert release in res["code"]["rows"] and res["code"]["row"] == release
+    assert {k: v for k, v in res["code"].items() if k != "rows"} == {"source": f"editable {tree}", "row": release,
+                                                                      "differences": {}, "refusal": None}  # fmt: skip
     text = _run(python, "-m", "maxtext_compat.cli", "doctor")
-    assert f"MaxText source: editable {tree}; probes: its code matches row(s) 0.2.5" in text
+    assert f"MaxText source: editable {tree}; probes: its code matches row(s) " in text
 
 
-def test_a_git_install_shows_its_url_and_commit(trees):
+def test_a_git_install_shows_its_url_and_commit(trees, release):
     commit, python = trees["git"]
     code = _doctor(python)["resolution"]["code"]
     assert code["source"].startswith("git+file://") and code["source"].endswith(f"at {commit}")
-    assert code["rows"] == ["0.2.5"] and code["refusal"] is None
+    assert code["row"] == release and code["refusal"] is None
 
 
 @pytest.mark.slow  # shims.install() imports MaxText: ~1 min
-def test_a_fork_with_an_added_keyword_only_argument_is_accepted(trees):
+def test_a_fork_with_an_added_keyword_only_argument_is_accepted(trees, release):
     _, python = trees["keyword"]
     code = _doctor(python)["resolution"]["code"]
-    assert code["rows"] == ["0.2.5"] and code["differences"] == {} and code["refusal"] is None
+    assert code["row"] == release and code["differences"] == {} and code["refusal"] is None
     installed = json.loads(_run(python, "-c", INSTALL).strip().splitlines()[-1])
     assert installed["installed"] and all(t.startswith("maxtext.") for t in installed["installed"])
 
