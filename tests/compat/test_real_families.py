@@ -97,7 +97,7 @@ def test_llama31_and_qwen3_convert_into_maxtexts_family_configs(family, tmp_path
     else:
         assert keys["model_name"] == "qwen3-4b" and keys["use_qk_norm"] is True and keys["logits_via_embedding"]
     assert keys["override_model_config"] is True and result.checkpoint
-    cfg, logits_fn = rm.loaded_by_maxtext(result.out, max_len=32)
+    _, logits_fn = rm.loaded_by_maxtext(result.out, max_len=32)
     ids = family.ids[3]
     tokens = np.zeros((1, 32), np.int32)
     tokens[0, : len(ids)] = ids
@@ -198,7 +198,7 @@ def test_llama31_long_prompt_is_past_the_scaling_cut_and_the_scaling_matters(lla
     2.4k-8.1k) are blended and 36-63 divided, 35 of 64 pairs. An angle moves by position x (f - f_scaled): at most
     ~9e-4 rad per token (wavelength ~4.4k), so under 0.06 rad anywhere in the seed's prompts (< 64 tokens) but
     ~1.8 rad at the end of the long prompt, which is longer than the 2048-token cut where scaling begins."""
-    fam, long_ids, want, margins = llama31
+    _, long_ids, _, margins = llama31
     assert len(long_ids) > 8192 / 4
     assert _angle_change(500000.0, 128, 64) < 0.06
     assert _angle_change(500000.0, 128, len(long_ids)) > 1.5

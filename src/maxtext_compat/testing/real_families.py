@@ -67,8 +67,13 @@ FAMILIES: dict[str, FamilySpec] = {
         name="llama31",
         title="Llama 3.1",
         model_type="llama",
-        config={"rope_theta": 500000.0, "rope_scaling": LLAMA31_ROPE_SCALING, "rms_norm_eps": 1e-5,
-                "max_position_embeddings": 131072, "tie_word_embeddings": False},  # fmt: skip
+        config={
+            "rope_theta": 500000.0,
+            "rope_scaling": LLAMA31_ROPE_SCALING,
+            "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+        },
         specials=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
         bos="<|begin_of_text|>",
         eos="<|eot_id|>",
@@ -80,8 +85,12 @@ FAMILIES: dict[str, FamilySpec] = {
         name="qwen3",
         title="Qwen 3",
         model_type="qwen3",
-        config={"rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
-                "tie_word_embeddings": True},  # fmt: skip
+        config={
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 40960,
+            "tie_word_embeddings": True,
+        },
         specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
         bos=None,
         eos="<|im_end|>",
