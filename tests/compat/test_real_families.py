@@ -6,7 +6,8 @@ of 256, 2 layers, a byte-level tokenizer): Llama 3.1 with `rope_scaling` exactly
 with its per-head query/key RMSNorm and tied embeddings as qwen3-4b. `convert` turns each directory into MaxText's
 own model file of the family (`llama3.1-8b`, `qwen3-4b`) with every size overridden; MaxText's dense decode and
 the paged decode (MaxText's vLLM call: `vllm_rpa` on 0.2.5, the backport on 0.1.0) must give transformers' greedy
-ids for the seed's four prompts, 32 tokens each, and Llama 3.1's for a prompt past the RoPE scaling's cut.
+ids for the seed's four prompts, 32 tokens each (`make test`), and Llama 3.1's for a prompt past the RoPE scaling's
+cut (`make test-extended`: ~12 min on a shared 2-core CPU).
 Transformers' top-1/top-2 margins are asserted above a floor (the weights are scaled so greedy decoding is
 decisive: logits of std ~16 for Llama 3.1, ~25 for Qwen 3).
 """
@@ -143,17 +144,20 @@ def server_kernel():
         cpu_serving.uninstall()
 
 
-def _paged(ckpt, prompts, new_tokens, name):
+def _paged(ckpt, prompts, new_tokens, name, chunk=None):
+    """Greedy ids by the paged decode; `chunk`: a chunked prefill of at most that many tokens per call (the XLA RPA
+    kernel gathers every query's context: a 2k-token prefill in one call would need ~37 GB here)."""
     from maxtext_compat.decode import Buckets, PagedEngine
     from maxtext_compat.testing import real_gemma3 as g3
 
     page = 16
     pages = _padded(max(len(p) for p in prompts) + new_tokens) // page + 1
     model = g3.paged_model(ckpt, max_len=pages * page, name=name)
-    buckets = Buckets(max_num_tokens=_padded(sum(len(p) for p in prompts)), max_num_seqs=len(prompts),
-                      pages_per_seq=pages, decode_tokens=_padded(len(prompts), 8))  # fmt: skip
+    rows = chunk * len(prompts) if chunk else _padded(sum(len(p) for p in prompts))
+    buckets = Buckets(max_num_tokens=rows, max_num_seqs=len(prompts), pages_per_seq=pages,
+                      decode_tokens=_padded(len(prompts), 8))  # fmt: skip
     engine = PagedEngine(model, num_pages=len(prompts) * pages + 1, page_size=page, buckets=buckets)
-    return engine.generate(prompts, new_tokens - 1).tokens()
+    return engine.generate(prompts, new_tokens - 1, prefill_chunk=chunk).tokens()
 
 
 def test_llama31_and_qwen3_paged_decode_equals_transformers(family, server_kernel):
@@ -211,6 +215,7 @@ def long_dense(llama31):
     return rm.maxtext_model(fam.ckpt, max_len=_padded(len(long_ids) + LONG_NEW_TOKENS))
 
 
+@pytest.mark.extended  # ~2.5 min on a shared 2-core CPU (a full forward of ~2.1k tokens per greedy token)
 def test_llama31_dense_decode_past_the_scaling_cut_equals_transformers(llama31, long_dense):
     """MaxText's dense greedy ids of the long prompt equal transformers'; its logits at every position are within
     F32_TOLERANCE; the same model with the scaling switched off (rope_use_scale=False: MaxText's own switch) is
@@ -228,10 +233,12 @@ def test_llama31_dense_decode_past_the_scaling_cut_equals_transformers(llama31, 
     assert effect > SCALING_EFFECT
 
 
+@pytest.mark.extended  # ~9 min on a shared 2-core CPU: the XLA RPA kernel gathers each query's whole context
 def test_llama31_paged_decode_past_the_scaling_cut_equals_transformers(llama31, server_kernel):
-    """The long prompt's 32 greedy ids through the paged decode equal transformers'."""
+    """The long prompt's 32 greedy ids through the paged decode (a chunked prefill of 128-token calls, then 31 decode
+    steps) equal transformers'."""
     fam, long_ids, want, _ = llama31
-    assert _paged(fam.ckpt, [long_ids], rf.NEW_TOKENS, "Llama 3.1")[0] == want
+    assert _paged(fam.ckpt, [long_ids], rf.NEW_TOKENS, "Llama 3.1", chunk=128)[0] == want
 
 
 def _llama31_8b_config(**changes):
