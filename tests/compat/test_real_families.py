@@ -14,6 +14,7 @@ decisive: logits of std ~16 for Llama 3.1, ~25 for Qwen 3).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -54,9 +55,16 @@ class Family:
         self.margins = [m for _, m in answers]
 
 
+@functools.cache
+def _family(name: str) -> Family:
+    """One reading per family and process (pytest sets a parametrized module fixture up again when the order of the
+    tests switches between its parameters; the two small models stay resident, ~40 MB)."""
+    return Family(name)
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request):
-    return Family(request.param)
+    return _family(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +197,7 @@ def _angle_change(theta: float, head_dim: int, position: int) -> float:
 
 @pytest.fixture(scope="module")
 def llama31():
-    fam = Family("llama31")
+    fam = _family("llama31")
     long_ids = fam.tokenizer(rf.LONG_PROMPT).input_ids
     want, margins = rf.hf_greedy_margins(fam.hf, long_ids, rf.NEW_TOKENS)
     return fam, long_ids, want, margins
