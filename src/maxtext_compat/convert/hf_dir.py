@@ -1,8 +1,9 @@
-"""A Hugging Face Llama-family model directory (config.json + *.safetensors) as float32 tensors.
+"""A Hugging Face Llama-family or Qwen 3 model directory (config.json + *.safetensors) as float32 tensors.
 
 Why the same `LlamaCheckpoint` as the GGUF reader: both sources then go through one MaxText tree
 builder and one shape check, so a safetensors checkpoint is refused or converted exactly as a GGUF
-one is. The shape comes from config.json (transformers' LlamaConfig keys and defaults).
+one is. The shape comes from config.json (transformers' LlamaConfig keys and defaults); what Llama 3.1 (RoPE
+scaling) and Qwen 3 (query/key norms) add is read, or refused, by convert.hf_families.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import numpy as np
 
 from maxtext_compat.contract import checked
 from maxtext_compat.convert.gguf_llama import LlamaCheckpoint, LlamaShape, check_tensors, expected_shapes
+from maxtext_compat.convert.hf_families import check_supported, rope
 from maxtext_compat.errors import InvalidArgumentError
 
-MODEL_TYPES = ("llama",)
+MODEL_TYPES = ("llama", "qwen3")
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -52,10 +54,12 @@ def shape_from_config(cfg: dict[str, Any], where: str = "config.json") -> LlamaS
         raise InvalidArgumentError(
             f"{where} describes a {kind!r} model",
             argument="model_type",
-            expected=f"one of {list(MODEL_TYPES)} (a Llama-family model)",
+            expected=f"one of {list(MODEL_TYPES)} (a Llama-family or Qwen 3 model)",
             found=repr(kind),
-            fix="convert a Llama-family model (Llama, SmolLM2, TinyLlama, ...)",
+            fix="convert a Llama-family model (Llama, Llama 3.1, SmolLM2, TinyLlama, ...) or a dense Qwen 3",
         )
+    check_supported(cfg, where)
+    theta, scaling = rope(cfg, where)
     try:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         return LlamaShape(
@@ -66,12 +70,14 @@ def shape_from_config(cfg: dict[str, Any], where: str = "config.json") -> LlamaS
             kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             vocab=int(cfg["vocab_size"]),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_theta=theta,
             rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             context_length=int(cfg.get("max_position_embeddings", 2048)),
             bos_token_id=_token_id(cfg.get("bos_token_id")),
             eos_token_id=_token_id(cfg.get("eos_token_id")),
+            qk_norm=kind == "qwen3",
+            rope_scaling=scaling,
         )
     except KeyError as exc:
         raise InvalidArgumentError(

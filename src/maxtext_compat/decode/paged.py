@@ -209,6 +209,7 @@ class PagedEngine:
         *,
         force: Sequence[Sequence[int]] | None = None,
         allocator: PageAllocator | None = None,
+        prefill_chunk: int | None = None,
     ) -> Generation:
         """One ragged prefill of all prompts, then `num_steps` decode steps of the whole batch.
 
@@ -216,6 +217,10 @@ class PagedEngine:
         token (compares two paths on identical inputs even where an argmax is a near-tie).
         allocator: where pages come from (default: a fresh one over the whole cache);
         requests are the prompts' indices and are freed at the end (their pages are in the result).
+        prefill_chunk: feed each prompt at most this many tokens per call (vLLM's chunked prefill:
+        later chunks attend to the cached earlier ones); only the last call, which ends every
+        prompt, is a recorded step. Why: a kernel that gathers each query's whole context (the
+        XLA RPA kernel) needs memory in proportion to tokens x context in one call.
         """
         from flax import nnx
 
@@ -230,15 +235,22 @@ class PagedEngine:
         forced = check_force(force, prompts_t, num_steps)
         buckets = self.buckets or default_buckets(prompts_t, num_steps, self.layout)
         alloc = allocator or PageAllocator(self.layout.num_pages, self.layout.page_size)
-        self._check_capacity(prompts_t, num_steps, buckets, alloc)
+        rounds = prefill_rounds([len(p) for p in prompts_t], prefill_chunk)
+        self._check_capacity(prompts_t, num_steps, buckets, alloc, max(sum(n for _, n in r) for r in rounds))
         state = on_mesh(nnx.split(self.model)[1], self.cache_mesh)
         caches = self.allocate_caches()
         gen = Generation("paged", prompts_t, layout=self.layout)
         ids = list(range(len(prompts_t)))
         try:
-            seqs = [alloc.append(i, len(p)) for i, p in zip(ids, prompts_t, strict=True)]
-            rows = [t for p in prompts_t for t in p]
-            caches = self._run(gen, "prefill", state, seqs, rows, buckets.max_num_tokens, buckets, caches)
+            fed = [0] * len(prompts_t)
+            for r, parts in enumerate(rounds):
+                seqs = [alloc.append(i, n) for i, n in parts]
+                rows = [t for i, n in parts for t in prompts_t[i][fed[i] : fed[i] + n]]
+                for i, n in parts:
+                    fed[i] += n
+                last = r == len(rounds) - 1
+                caches = self._run(gen, "prefill", state, seqs, rows, buckets.max_num_tokens, buckets, caches,
+                                   record=last)  # fmt: skip
             for k in range(num_steps):
                 feed = next_inputs(gen.steps[-1], forced, k)
                 seqs = [alloc.append(i, 1) for i in ids]
@@ -252,14 +264,15 @@ class PagedEngine:
         return gen
 
     def _check_capacity(
-        self, prompts: tuple[tuple[int, ...], ...], num_steps: int, buckets: Buckets, alloc: PageAllocator
-    ) -> None:
+        self, prompts: tuple[tuple[int, ...], ...], num_steps: int, buckets: Buckets, alloc: PageAllocator,
+        prefill_rows: int,
+    ) -> None:  # fmt: skip
         """Refuse a run the buckets or the cache cannot finish before its first step runs (not at step k)."""
         size = self.layout.page_size
         longest = max(len(p) for p in prompts) + num_steps
         checks = [
-            (sum(len(p) for p in prompts) <= buckets.max_num_tokens, "the prompts have more tokens than the padded "
-             "token capacity", "max_num_tokens", f">= {sum(len(p) for p in prompts)}", buckets.max_num_tokens),
+            (prefill_rows <= buckets.max_num_tokens, "a prefill call has more tokens than the padded "
+             "token capacity", "max_num_tokens", f">= {prefill_rows}", buckets.max_num_tokens),
             (len(prompts) <= min(buckets.max_num_seqs, buckets.decode_rows), "the batch has more sequences than "
              "the buckets hold", "max_num_seqs/decode_tokens", f">= {len(prompts)}",
              (buckets.max_num_seqs, buckets.decode_rows)),
@@ -287,6 +300,8 @@ class PagedEngine:
         num_rows: int,
         buckets: Buckets,
         caches: list[Any],
+        *,
+        record: bool = True,
     ) -> list[Any]:
         import jax.numpy as jnp
 
@@ -313,6 +328,8 @@ class PagedEngine:
                 found=None if new is None else [i for i, c in enumerate(new) if c is None],
                 fix="build the model with scan_layers=False (MaxText 0.2.x scanned llama2 drops its caches)",
             )
+        if not record:  # an earlier chunk of a chunked prefill: only its KV cache writes matter
+            return new
         host = md.from_kernel_order(np.asarray(logits))
         bounds = np.cumsum([0, *(s.q_len for s in seqs)])
         per_seq = tuple(host[bounds[i] : bounds[i + 1]] for i in range(len(seqs)))
@@ -321,3 +338,22 @@ class PagedEngine:
         gen.compile_seconds += compile_s
         gen.compiles += compile_s > 0
         return new
+
+
+def prefill_rounds(lengths: Sequence[int], chunk: int | None) -> list[list[tuple[int, int]]]:
+    """The prefill calls as [(prompt, tokens)] lists: one call with every prompt whole when `chunk` is None, else
+    chunks of at most `chunk` tokens aligned to end together (every prompt's last chunk is in the last call)."""
+    if chunk is None:
+        return [[(i, n) for i, n in enumerate(lengths)]]
+    if chunk < 1:
+        raise InvalidArgumentError(
+            "prefill_chunk must be positive", argument="prefill_chunk", expected=">= 1 or None", found=chunk,
+            fix="pass the most tokens one prefill call may feed per prompt, or None for one call",
+        )  # fmt: skip
+    total = max(cdiv(n, chunk) for n in lengths)
+    rounds: list[list[tuple[int, int]]] = [[] for _ in range(total)]
+    for i, n in enumerate(lengths):
+        k = cdiv(n, chunk)
+        for j, size in enumerate([n - (k - 1) * chunk] + [chunk] * (k - 1)):
+            rounds[total - k + j].append((i, size))
+    return rounds

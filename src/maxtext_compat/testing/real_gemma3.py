@@ -85,9 +85,10 @@ def save_hf_dir(out: Path, cache: Path | None = None) -> Path:
     return rm.write_hf_dir(out, path, lambda: reference(path, cache).model, bos_id=BOS)
 
 
-def paged_model(ckpt: Any, *, max_len: int, **overrides: Any) -> Any:
+def paged_model(ckpt: Any, *, max_len: int, name: str = "Gemma 3", **overrides: Any) -> Any:
     """The installed MaxText's vLLM-path Transformer (0.2.x: vllm.yml, attention vllm_rpa; 0.1.0: the train-mode
-    model the backport runs) holding `ckpt`, for maxtext_compat.decode.PagedEngine."""
+    model the backport runs) holding `ckpt` (any family convert reads; `name` says which in errors), for
+    maxtext_compat.decode.PagedEngine."""
     from maxtext_compat import weights
     from maxtext_compat.convert import maxtext_overrides, to_maxtext
     from maxtext_compat.testing import tiny
@@ -104,5 +105,5 @@ def paged_model(ckpt: Any, *, max_len: int, **overrides: Any) -> Any:
         mesh = tiny.tiny_mesh(cfg)
         model = tiny.tiny_transformer(cfg, mesh)
     with tiny.mesh_context(cfg, mesh):
-        weights.load_params(model, to_maxtext(ckpt), where=f"Gemma 3 into MaxText {row.name}")
+        weights.load_params(model, to_maxtext(ckpt), where=f"{name} into MaxText {row.name}")
     return model
