@@ -86,7 +86,8 @@ def method(files: ReleaseFiles, ref: str | None, name: str = "__call__") -> Meth
     fn = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
     if fn is None:
         return None
-    return Method(_params(fn), tuple(r.value for r in own_nodes(fn, ast.Return) if r.value is not None), fn)
+    returns = [r for r in own_nodes(fn, ast.Return) if isinstance(r, ast.Return)]
+    return Method(_params(fn), tuple(r.value for r in returns if r.value is not None), fn)
 
 
 def _params(fn: ast.FunctionDef) -> tuple[Param, ...]:
@@ -125,5 +126,6 @@ def strings(files: ReleaseFiles, path: str | None) -> list[str]:
     tree = parse(files, path) if path else None
     if tree is None:
         return []
-    found = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-    return [n.value for n in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
+    found = [(n.lineno, n.col_offset, n.value) for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)]  # fmt: skip
+    return [value for _, _, value in sorted(found)]
