@@ -1,8 +1,8 @@
 """A release's code facts, in the shape of its compat_matrix.yaml row, read from its source by ast.
 
 Why the row's shape: the facts of a new release are pasted into the matrix as they are printed, and the facts of a
-shipped release compare with its row key by key (tests/compat/test_facts_of_releases.py reads every shipped release this way).
-Each rule says which code it reads; none imports MaxText.
+shipped release compare with its row key by key (tests/compat/test_facts_of_releases.py reads every shipped
+release this way). Each rule says which code it reads; none imports MaxText.
 """
 
 from __future__ import annotations
