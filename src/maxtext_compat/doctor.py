@@ -81,6 +81,19 @@ def own_maxtext() -> dict[str, Any]:
     return out
 
 
+def own_maxtext_in(python: Path, source: str) -> str:
+    """The report's column for the user's own MaxText, read by `own_maxtext()` in the environment of `python`."""
+    import json
+    import subprocess
+
+    code = "import json\nfrom maxtext_compat.doctor import own_maxtext\nprint(json.dumps(own_maxtext()))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    try:
+        return own_maxtext_column(json.loads(out.stdout.strip().splitlines()[-1]), source)
+    except (ValueError, IndexError):
+        return f"MaxText from {source}: not resolved ({(out.stderr or 'no output').strip()[-300:]})"
+
+
 def own_maxtext_column(data: dict[str, Any], source: str) -> str:
     """The report's column for `matrix --maxtext SOURCE`: what was installed and what our layers made of it."""
     if "error" in data:

@@ -66,18 +66,6 @@ def _versions_in(python: Path) -> dict[str, str]:
         return {}
 
 
-def _own_maxtext(python: Path, source: str) -> str:
-    """The report's column for the user's own MaxText, read in the environment (doctor.own_maxtext)."""
-    from maxtext_compat.doctor import own_maxtext_column
-
-    code = "import json\nfrom maxtext_compat.doctor import own_maxtext\nprint(json.dumps(own_maxtext()))"
-    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    try:
-        return own_maxtext_column(json.loads(out.stdout.strip().splitlines()[-1]), source)
-    except (ValueError, IndexError):
-        return f"MaxText from {source}: not resolved ({(out.stderr or 'no output').strip()[-300:]})"
-
-
 def parse_junit(path: Path) -> tuple[int, int, int, int, float]:
     """(passed, failed, errors, skipped, seconds) from a pytest junit XML file."""
     root = ET.parse(path).getroot()
@@ -140,7 +128,9 @@ def run_env(
     python = envs.env_python(name, ws)
     res.versions = _versions_in(python)
     if ws.maxtext_source is not None:
-        res.source = _own_maxtext(python, ws.maxtext_source)
+        from maxtext_compat.doctor import own_maxtext_in
+
+        res.source = own_maxtext_in(python, ws.maxtext_source)
     junit = report_dir / "junit" / f"{name}.xml"
     junit.parent.mkdir(parents=True, exist_ok=True)
     if junit.exists():

@@ -277,8 +277,8 @@ def convert_trained(
     """MaxText's training checkpoint at `source` (trained with `overrides`) -> the model directory `out`; all or
     nothing. Returns a ConversionResult."""
     from maxtext_compat import weights
-    from maxtext_compat.convert.job import CHECKPOINT_DIR, WEIGHT_DTYPES, ConversionResult, _check_out, _put_in_place
-    from maxtext_compat.convert.vllm_dir import _dump
+    from maxtext_compat.convert.job import CHECKPOINT_DIR, WEIGHT_DTYPES, ConversionResult, check_out, put_in_place
+    from maxtext_compat.convert.vllm_dir import dump
     from maxtext_compat.installed import installed_row
     from maxtext_compat.serving.backend import backend_for
     from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG, hf_config
@@ -289,7 +289,7 @@ def convert_trained(
             expected=f"one of {list(WEIGHT_DTYPES)}", found=repr(weight_dtype), fix="pass float32 or bfloat16",
         )  # fmt: skip
     target = Path(out).absolute()
-    _check_out(target, Path(source), force)
+    check_out(target, Path(source), force)
     tokenizer_files = _tokenizer_files(tokenizer)
     found = locate(source)
     backend = backend_for(installed_row())
@@ -310,13 +310,13 @@ def convert_trained(
         ckpt_path = str(target / CHECKPOINT_DIR)
         config = hf_config(_model_sizes(trained_cfg))
         config["rope_theta"] = float(trained_cfg.rope_max_timescale)
-        _dump(staging / "config.json", config)
-        _dump(staging / "generation_config.json", {})
-        _dump(staging / MAXTEXT_CONFIG, {**served, "load_parameters_path": ckpt_path})
+        dump(staging / "config.json", config)
+        dump(staging / "generation_config.json", {})
+        dump(staging / MAXTEXT_CONFIG, {**served, "load_parameters_path": ckpt_path})
         for f in tokenizer_files:
             shutil.copy2(f, staging / f.name)
         files = sorted(x.name for x in staging.iterdir())
-        _put_in_place(staging, target)
+        put_in_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

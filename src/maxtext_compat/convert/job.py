@@ -103,7 +103,7 @@ def _is_conversion(out: Path) -> bool:
     return (out / MAXTEXT_CONFIG).is_file()
 
 
-def _check_out(out: Path, src: Path, force: bool) -> None:
+def check_out(out: Path, src: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise InvalidArgumentError(
             "the output path is a file", argument="out", expected="a new or empty directory", found=str(out),
@@ -129,7 +129,7 @@ def _check_out(out: Path, src: Path, force: bool) -> None:
         )
 
 
-def _put_in_place(staging: Path, out: Path) -> None:
+def put_in_place(staging: Path, out: Path) -> None:
     """Rename the complete staging directory to `out`; an old `out` is moved aside first, removed last."""
     old = None
     if out.exists():
@@ -168,7 +168,7 @@ def convert(
             fix="pass weight_dtype='float32' (exact) or 'bfloat16' (half the size)",
         )
     target = Path(out).absolute()
-    _check_out(target, Path(src), force)
+    check_out(target, Path(src), force)
     given = None if chat_template is None else given_template(chat_template)  # refused before the source is read
     ckpt, tokenizer, in_file = read_source(src)  # before any directory is made: a bad source leaves nothing
     if tokenizer is None and in_file is None:  # a model directory: its tokenizer_config.json may hold one
@@ -194,7 +194,7 @@ def convert(
                 set_chat_template(staging, template.text)
         write_model_files(staging, ckpt.shape, maxtext, ckpt_path)
         files = sorted(x.name for x in staging.iterdir())
-        _put_in_place(staging, target)
+        put_in_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -19,7 +19,7 @@ from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG, hf_config
 LENGTH_KEYS = ("max_target_length", "max_prefill_predict_length")
 
 
-def _dump(path: Path, value: Any) -> None:
+def dump(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -51,7 +51,7 @@ def write_tokenizer(out: Path, tokenizer: Any, shape: Shape, *, chat_template: s
     }
     if chat_template:
         cfg["chat_template"] = chat_template
-    _dump(out / "tokenizer_config.json", cfg)
+    dump(out / "tokenizer_config.json", cfg)
 
 
 def set_chat_template(out: Path, chat_template: str | None) -> None:
@@ -60,17 +60,17 @@ def set_chat_template(out: Path, chat_template: str | None) -> None:
     path = out / "tokenizer_config.json"
     cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     cfg["chat_template"] = chat_template
-    _dump(path, cfg)
+    dump(path, cfg)
     (out / "chat_template.jinja").unlink(missing_ok=True)
 
 
 def write_model_files(out: Path, shape: Shape, maxtext: dict[str, Any], load_parameters_path: str | None) -> None:
     """config.json, generation_config.json and maxtext_config.json (the keys `serve` passes to MaxText)."""
-    _dump(out / "config.json", model_config(shape, maxtext))
+    dump(out / "config.json", model_config(shape, maxtext))
     special = {"bos_token_id": shape.bos_token_id, "eos_token_id": shape.eos_token_id}
     gen = {k: v for k, v in special.items() if v is not None}
-    _dump(out / "generation_config.json", gen)
+    dump(out / "generation_config.json", gen)
     served = {k: v for k, v in maxtext.items() if k not in LENGTH_KEYS}  # scan_layers as the checkpoint was written
     if load_parameters_path:
         served["load_parameters_path"] = load_parameters_path
-    _dump(out / MAXTEXT_CONFIG, served)
+    dump(out / MAXTEXT_CONFIG, served)
