@@ -244,7 +244,8 @@ def build_command(
             found=None,
             fix="maxtext-compat serve /path/to/model --additional-config '{\"maxtext_config\": {...}}'",
         )
-    if not any((Path(model) / f).exists() for f in TOKENIZER_FILES) and not _has_flag(args, "--skip-tokenizer-init"):
+    tokenizer_given = _has_flag(args, "--tokenizer") or _has_flag(args, "--skip-tokenizer-init")
+    if not tokenizer_given and not any((Path(model) / f).exists() for f in TOKENIZER_FILES):
         # no tokenizer to load (the tiny model; a trained checkpoint converted without --tokenizer): token ids in/out
         args.append("--skip-tokenizer-init")
         notes.append(f"{model} has no tokenizer: --skip-tokenizer-init (prompts and completions as token ids)")

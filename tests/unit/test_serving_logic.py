@@ -274,6 +274,21 @@ def test_serve_takes_a_converted_models_maxtext_config_and_yours_win(tmp_path: P
     assert given.argv.count("--dtype") == 1 and given.argv[given.argv.index("--dtype") + 1] == "bfloat16"
 
 
+@pytest.mark.parametrize(
+    ("tokenizer_file", "flags", "skipped"),
+    [(None, [], True), ("tokenizer.json", [], False), ("tokenizer.model", [], False),
+     (None, ["--tokenizer", "/t"], False), (None, ["--tokenizer=/t"], False), (None, ["--skip-tokenizer-init"], True)],
+)  # fmt: skip
+def test_serve_skips_the_tokenizer_only_where_there_is_none(tmp_path: Path, tokenizer_file, flags, skipped) -> None:
+    """A model directory without a tokenizer (a trained checkpoint converted without --tokenizer) serves token ids;
+    a tokenizer in the directory or named by --tokenizer is never switched off."""
+    model = _converted_dir(tmp_path, {"dtype": "float32"})
+    if tokenizer_file:
+        (model / tokenizer_file).write_text("{}")
+    argv = _cmd([str(model), *flags], {"JAX_PLATFORMS": "cpu"}).argv
+    assert argv.count("--skip-tokenizer-init") == (1 if skipped else 0), argv
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]"])
 def test_serve_refuses_a_broken_maxtext_config_json(tmp_path: Path, content: str) -> None:
     model = _converted_dir(tmp_path, content)
