@@ -37,7 +37,6 @@ NOT_SERVED = frozenset({
     "remat_policy", "enable_dropout", "dropout_rate", "data_sharding", "ici_fsdp_parallelism",
     "ici_data_parallelism", "ici_tensor_parallelism", "dcn_data_parallelism", "dcn_fsdp_parallelism",
 })  # fmt: skip
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 _STEP = re.compile(r"^\d+$")
 
 
@@ -250,11 +249,14 @@ def _model_sizes(cfg: Any) -> dict[str, Any]:
 
 
 def _tokenizer_files(tokenizer: str | Path | None) -> list[Path]:
+    """The tokenizer files to copy, as a model directory's conversion copies them (job.HF_TOKENIZER_FILES)."""
+    from maxtext_compat.convert.job import HF_TOKENIZER_FILES, TOKENIZERS
+
     if tokenizer is None:
         return []
     path = Path(tokenizer)
-    files = [path] if path.is_file() else [path / n for n in TOKENIZER_FILES if (path / n).is_file()]
-    if not files or not any(f.name in ("tokenizer.json", "tokenizer.model") for f in files):
+    files = [path] if path.is_file() else [path / n for n in HF_TOKENIZER_FILES if (path / n).is_file()]
+    if not files or not any(f.name in TOKENIZERS for f in files):
         raise InvalidArgumentError(
             "no tokenizer at the given path",
             argument="tokenizer",
