@@ -164,7 +164,7 @@ def probe_static(row: MaxTextRow) -> ProbeReport:
             )
         )
         arity = _static_return_arities(fn)
-        expected = 2 if row.returns["attention"] == "(out, kv_cache)" else 1
+        expected = row.return_shape("attention").arity
         findings.append(Finding("Attention.__call__ return arity", str(expected), ",".join(map(str, sorted(arity)))))
     return ProbeReport("static", root, tuple(findings))
 

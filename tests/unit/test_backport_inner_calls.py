@@ -16,9 +16,11 @@ import pytest
 from maxtext_compat.backport.call import inner_call
 from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.errors import BackportError
+from maxtext_compat.matrix import load_matrix
 
 pytestmark = pytest.mark.envs("unit")  # plain Python with fake calls: once per matrix run is enough
 
+ROW = load_matrix().row("0.1.0")  # the backport's release: its rows' returns are the old ones
 OUT = object()  # stands for an output array: identity shows it is returned untouched
 
 
@@ -44,7 +46,8 @@ class Recorder:
 def test_a_call_naming_its_kv_arguments_gets_the_new_return_and_maxtext_never_sees_them(kind, native, want):
     kv = "kv_caches" if kind == "decoder" else "kv_cache"
     call = Recorder(native)
-    got = inner_call(kind, call, ("x",), {"deterministic": True, kv: None, "attention_metadata": None}, "L.__call__")
+    kwargs = {"deterministic": True, kv: None, "attention_metadata": None}
+    got = inner_call(kind, ROW, call, ("x",), kwargs, "L.__call__")
     assert got == want and got[0] is OUT
     [(args, kwargs)] = call.calls
     assert args == ("x",) and kv not in kwargs and "attention_metadata" not in kwargs
@@ -54,7 +57,7 @@ def test_a_call_naming_its_kv_arguments_gets_the_new_return_and_maxtext_never_se
 @pytest.mark.parametrize("kind", ["attention", "decoder_layer", "decoder"])
 def test_a_call_naming_no_kv_argument_gets_maxtexts_own_return(kind):
     call = Recorder(OUT)
-    assert inner_call(kind, call, (), {"deterministic": True}, "L.__call__") is OUT
+    assert inner_call(kind, ROW, call, (), {"deterministic": True}, "L.__call__") is OUT
 
 
 @pytest.mark.parametrize(
@@ -69,11 +72,11 @@ def test_a_call_naming_no_kv_argument_gets_maxtexts_own_return(kind):
 def test_a_second_cache_inside_a_step_is_refused_before_maxtext_runs(kind, kwargs, argument):
     call = Recorder(OUT)
     with pytest.raises(BackportError) as info:
-        inner_call(kind, call, (), kwargs, "L.__call__")
+        inner_call(kind, ROW, call, (), kwargs, "L.__call__")
     assert info.value.argument == argument and "outermost" in info.value.fix
     assert "L.__call__" in str(info.value) and call.calls == []
 
 
 def test_the_transformer_has_no_shape_without_its_session():
     with pytest.raises(ValueError, match="transformer"):
-        KINDS["transformer"].new_shape(OUT, None)
+        KINDS["transformer"].new_shape(ROW, OUT, None, "T.__call__")

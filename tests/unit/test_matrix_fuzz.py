@@ -35,6 +35,7 @@ from maxtext_compat.matrix import (
     CompatMatrix,
     parse_matrix,
 )
+from maxtext_compat.matrix.returns import convention_problem, spelling_problem
 from maxtext_compat.switches import env_count
 
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
@@ -238,8 +239,10 @@ def check_invariants(m: CompatMatrix) -> None:
         assert (row.convention == "legacy") == ("kv_cache" not in row.params.attention)
         assert row.deprecation.policy in POLICIES and (row.deprecation.policy == "ignore" or row.deprecation.ends_in)
         assert row.classes["attention"] is not None and row.classes["transformer"] is not None
-        for kind, shape in row.returns.items():
-            assert shape is None or shape in RETURN_SHAPES[kind]
+        kv = row.has_kv_params
+        for kind, shape in row.returns.items():  # spelled by names that hold to the row's convention
+            assert kind in RETURN_SHAPES
+            assert shape is None or spelling_problem(shape) is convention_problem(kind, shape, takes_kv=kv) is None
         for ref in [*row.classes.values(), *row.decoder_layers.values()]:
             assert ref is None or ref.module.split(".")[0] == row.import_root
     names = [r.name for r in m.maxtext]

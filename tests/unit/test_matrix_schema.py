@@ -218,7 +218,7 @@ CASES = [
         "bad-return",
         lambda d: _first_row(d)["returns"].update(attention="(out, kv)"),
         "returns.attention",
-        "one of",
+        "where an old caller's values are ['out']",
     ),
     (
         "bad-bool",

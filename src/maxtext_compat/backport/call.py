@@ -40,7 +40,7 @@ def backport_call(
         # Nothing to route and nothing to record (only the Transformer's return needs the session's hidden
         # state): no session, so such calls also nest, e.g. inside a moved Transformer's Decoder call.
         kv_back = None if t.kv is None else caches if k.per_layer else t.kv
-        return k.new_shape(native_call(module, t.kwargs), kv_back)
+        return k.new_shape(row, native_call(module, t.kwargs), kv_back, where)
     mesh = getattr(module, "mesh", None)
     if writes and mesh is None:
         raise BackportError(
@@ -65,10 +65,12 @@ def backport_call(
         kv_out = None  # a new call without a cache gets None back, as MaxText 0.2.x returns it
     if k.is_model:
         return session.hidden, kv_out
-    return k.new_shape(result, kv_out)
+    return k.new_shape(row, result, kv_out, where)
 
 
-def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[str, Any], where: str) -> Any:
+def inner_call(
+    kind: str, row: MaxTextRow, call: Callable[..., Any], args: tuple, kwargs: dict[str, Any], where: str
+) -> Any:
     """A call MaxText makes inside a backported step: its own convention, attention in train mode.
 
     Train mode: MaxText's own KV-cache variables are skipped (0.2.x skips them the same way); the step's
@@ -92,4 +94,4 @@ def inner_call(kind: str, call: Callable[..., Any], args: tuple, kwargs: dict[st
     if k.runs_kernel:
         rest["model_mode"] = names.TRAIN
     result = call(*args, **rest)
-    return k.new_shape(result, None) if named else result
+    return k.new_shape(row, result, None, where) if named else result

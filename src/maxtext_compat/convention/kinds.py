@@ -15,6 +15,7 @@ from typing import Any, Literal
 from maxtext_compat.convention.returns import logits_from_hidden, scanned
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.matrix.returns import caller_shape, shape_of
 
 KindName = Literal["attention", "decoder_layer", "decoder", "transformer"]
 METADATA = "attention_metadata"
@@ -61,17 +62,19 @@ class Kind:
         """The caches a call hands over, as a list (one entry for a single-cache kind)."""
         return list(kv) if self.per_layer and kv is not None else [kv]
 
-    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
-        """The pre-#2616 return, from what a release that takes KV arguments returned."""
-        raise NotImplementedError
+    def old_return(self, row: MaxTextRow, module: Any, result: Any, where: str) -> Any:
+        """The pre-#2616 return, from what a release that takes KV arguments returned (`row.returns`)."""
+        return row.return_shape(self.name).reshape(result, caller_shape(self.name, new=False), where)
 
-    def new_return(self, result: Any) -> Any:
-        """The post-#2616 return of a natively new-convention release (as a fresh tuple)."""
-        raise NotImplementedError
+    def new_return(self, row: MaxTextRow, result: Any, where: str) -> Any:
+        """The post-#2616 return of a natively new-convention release, as a fresh tuple of its `returns:` values."""
+        shape = row.return_shape(self.name)
+        return shape.reshape(result, shape, where)
 
-    def new_shape(self, result: Any, kv: Any) -> Any:
-        """An old-convention return in the new convention (what MaxText 0.2.x returns for this kind)."""
-        raise NotImplementedError
+    def new_shape(self, row: MaxTextRow, result: Any, kv: Any, where: str) -> Any:
+        """An old-convention release's return (`row.returns`) in the new convention, with `kv` as its KV result."""
+        new = caller_shape(self.name, new=True)
+        return row.return_shape(self.name).reshape(result, new, where, **{new.kv_name: kv})
 
 
 class _Attention(Kind):
@@ -79,57 +82,50 @@ class _Attention(Kind):
     def runs_kernel(self) -> bool:
         return True
 
-    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
-        return result[0]
-
-    def new_return(self, result: Any) -> Any:
-        return result[0], result[1]
-
-    def new_shape(self, result: Any, kv: Any) -> Any:
-        return result, kv
-
 
 class _DecoderLayer(Kind):
     @property
     def takes_scan_carry(self) -> bool:
         return True
 
-    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
-        return result if scanned(module) else result[0]  # scanned: the (y, None) carry
+    def old_return(self, row: MaxTextRow, module: Any, result: Any, where: str) -> Any:
+        if scanned(module):  # the scan's (carry, None): no convention of its own, passed as MaxText returns it
+            return result
+        return super().old_return(row, module, result, where)
 
-    def new_return(self, result: Any) -> Any:
-        return result
-
-    def new_shape(self, result: Any, kv: Any) -> Any:
-        y = result[0] if isinstance(result, tuple) else result  # a scanned layer's old return is (y, None)
-        return y, kv
+    def new_shape(self, row: MaxTextRow, result: Any, kv: Any, where: str) -> Any:
+        # MaxText 0.1.0's generic DecoderLayer returns (y, y) unscanned and a scanned layer (y, None), where its
+        # row (and Llama's layer) say y: the first value is y in every case.
+        y = result[0] if isinstance(result, tuple) and row.return_shape(self.name).bare else result
+        return super().new_shape(row, y, kv, where)
 
 
 class _Decoder(Kind):
-    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
-        return result[0], result[1]
-
-    def new_return(self, result: Any) -> Any:
-        return result[0], result[1], result[2]
-
-    def new_shape(self, result: Any, kv: Any) -> Any:
-        return result[0], result[1], kv
+    pass
 
 
 class _Transformer(Kind):
+    """Returns logits, or (hidden, kv_caches) when its config selects a vLLM attention mode (`transformer_vllm`)."""
+
+    VLLM = "transformer_vllm"
+
     @property
     def is_model(self) -> bool:
         return True
 
-    def old_return(self, row: MaxTextRow, module: Any, result: Any) -> Any:
-        if isinstance(result, tuple):  # attention="vllm_rpa": MaxText returns (hidden, kv_caches)
-            return logits_from_hidden(module, result[0])
+    def old_return(self, row: MaxTextRow, module: Any, result: Any, where: str) -> Any:
+        if isinstance(result, tuple):  # a vLLM attention mode: the old caller wants logits
+            hidden = row.return_shape(self.VLLM).reshape(result, shape_of("hidden"), where)
+            return logits_from_hidden(module, hidden)
         return result
 
-    def new_return(self, result: Any) -> Any:
-        return (result[0], result[1]) if isinstance(result, tuple) else result
+    def new_return(self, row: MaxTextRow, result: Any, where: str) -> Any:
+        if isinstance(result, tuple):
+            shape = row.return_shape(self.VLLM)
+            return shape.reshape(result, shape, where)
+        return result
 
-    def new_shape(self, result: Any, kv: Any) -> Any:
+    def new_shape(self, row: MaxTextRow, result: Any, kv: Any, where: str) -> Any:
         raise ValueError("no new shape for a transformer call")  # built from the KV session's hidden state
 
 

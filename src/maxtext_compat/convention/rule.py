@@ -183,7 +183,7 @@ def call_rule(
     if writes:  # one set of checks before either path: the same input gets the same answer on every release
         site.write_path.prepare(k, self, row, t, where)
     if site.has_kv_params:
-        result = k.new_return(native_call(self, t.kwargs))
+        result = k.new_return(row, native_call(self, t.kwargs), where)
     else:
         result = site.write_path.legacy_call(self, native_call, kind, row, t, writes, where)
     if writes and policy.effective_strict(self.__dict__.get("_mc_strict")):
@@ -220,7 +220,7 @@ def _old_call(
             policy.check_old_call(site.row, site.kind, site.where, override, deadline_passed=site.deadline_passed)
     result = native_call(self, kwargs)
     if site.has_kv_params:  # else the release's own return is the old convention, bit for bit
-        result = site.k.old_return(site.row, self, result)
+        result = site.k.old_return(site.row, self, result, site.where)
     return result if t is None or t.out_sharding is None else _constrain(result, t)
 
 

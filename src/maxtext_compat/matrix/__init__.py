@@ -21,6 +21,7 @@ from maxtext_compat.matrix.parse import (
     parse_environments,
     parse_matrix,
 )
+from maxtext_compat.matrix.returns import RETURN_SHAPES, ReturnShape
 from maxtext_compat.matrix.types import (
     CompatMatrix,
     ConfigSpec,
@@ -53,7 +54,6 @@ from maxtext_compat.matrix.values import (
     OPTIONAL_CLASS_KEYS,
     OPTIONAL_PARAMS,
     POLICIES,
-    RETURN_SHAPES,
     SCHEMA_VERSION,
     ClassRef,
     Convention,
@@ -91,6 +91,7 @@ __all__ = [
     "MetadataSpec",
     "OptionalParams",
     "Requirements",
+    "ReturnShape",
     "RpaSpec",
     "TpiRelease",
     "TpuInferenceRow",

@@ -9,9 +9,10 @@ from typing import Annotated, Literal
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from maxtext_compat.errors import MatrixError
+from maxtext_compat.errors import InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import ranges
 from maxtext_compat.matrix.environments import EnvironmentSpec
+from maxtext_compat.matrix.returns import RETURN_SHAPES, ReturnShape, convention_problem, shape_of
 from maxtext_compat.matrix.schema import Yaml, normalized_version, parsed, read_struct
 from maxtext_compat.matrix.values import (
     DEV_BUILD_PACKAGES,
@@ -188,6 +189,19 @@ class MaxTextRow:
     def has_kv_params(self) -> bool:
         return "kv_cache" in self.params.attention
 
+    def return_shape(self, kind: str) -> ReturnShape:
+        """What a `kind` call returns on this release (`returns:`), parsed into named values."""
+        spelling = self.returns.get(kind)
+        if spelling is None:
+            raise InvalidArgumentError(
+                f"compat_matrix.yaml gives MaxText {self.name} no {kind} return",
+                argument="kind",
+                expected=f"one of {sorted(k for k, v in self.returns.items() if v is not None)}",
+                found=repr(kind),
+                fix=f"add `returns.{kind}` to row {self.name}, or call a layer kind the release has",
+            )
+        return shape_of(spelling)
+
     def after_read(self, node: Node) -> None:
         for ref in [*self.classes.values(), *self.decoder_layers.values()]:
             if ref is not None and ref.module.split(".")[0] != self.import_root:
@@ -203,6 +217,18 @@ class MaxTextRow:
                 fix="set convention: legacy when Attention.__call__ has no kv_cache parameter, kv_return or "
                 "kv_scan_carry when it has; or correct params.attention to the release's signature",
             )
+        for kind, spelling in self.returns.items():
+            problem = None if spelling is None else convention_problem(kind, spelling, takes_kv=self.has_kv_params)
+            if problem is not None:
+                raise (
+                    node.child("returns")
+                    .child(kind)
+                    .error(
+                        f"cannot be MaxText {self.name}'s {kind} return: {problem}",
+                        fix=f"spell what the release's {kind} returns, by the names of {RETURN_SHAPES[kind]} "
+                        "(`maxtext-compat facts` reads them from its code)",
+                    )
+                )
 
 
 @dataclass(frozen=True)

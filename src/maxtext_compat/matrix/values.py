@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
+from maxtext_compat.matrix.returns import RETURN_SHAPES, SPELLING_FORM, spelling_problem
 from maxtext_compat.matrix.schema import Yaml, normalized_version, parsed
 from maxtext_compat.matrix.yaml_node import Node
 
@@ -40,15 +41,6 @@ DEFECT_REMEDIES: tuple[DefectRemedy, ...] = get_args(DefectRemedy)
 Family = Literal["default", "llama2", "qwen3", "gemma3"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
-# The return shapes each layer kind has had; the matrix may only use these spellings.
-RETURN_SHAPES: dict[str, tuple[str, ...]] = {
-    "attention": ("out", "(out, kv_cache)"),
-    "decoder_layer": ("y", "(y, kv_cache)"),
-    "decoder_layer_scanned": ("(y, None)", "((y, stacked_kv, idx), None)"),
-    "decoder": ("(logits, hidden)", "(logits, hidden, kv_caches)"),
-    "transformer": ("logits",),
-    "transformer_vllm": ("(hidden, kv_caches)",),
-}
 # Optional parameters whose presence moved between releases.
 OPTIONAL_PARAMS: tuple[str, ...] = (
     "page_state",
@@ -183,12 +175,19 @@ def read_class_refs(n: Node) -> dict[str, ClassRef | None]:
 
 
 def read_return_shapes(n: Node) -> dict[str, str | None]:
-    """`returns:` one spelling from RETURN_SHAPES per layer kind (null: the release has no such layer)."""
+    """`returns:` per layer kind of RETURN_SHAPES, a spelling of named values (null: the release has no such layer);
+    the row checks the names against its convention (MaxTextRow.after_read)."""
     n.only_keys(set(RETURN_SHAPES))
     returns: dict[str, str | None] = {}
-    for kind, allowed in RETURN_SHAPES.items():
+    for kind in RETURN_SHAPES:
         r = n.child(kind)
-        returns[kind] = None if r.value is None else r.choice(allowed)
+        if r.value is None:
+            returns[kind] = None
+            continue
+        spelling = r.nonempty_string()
+        if (problem := spelling_problem(spelling)) is not None:
+            raise r.error(f"is not a return spelling: {problem}", expected=SPELLING_FORM)
+        returns[kind] = spelling
     return returns
 
 

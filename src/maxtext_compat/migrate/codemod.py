@@ -33,12 +33,12 @@ from typing import Any, Literal, cast
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
+from maxtext_compat.matrix.returns import caller_shape
 from maxtext_compat.migrate.callees import Callees, Kind
 
 Target = Literal["kv_return", "legacy"]
 _TIGHT = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
 KV_ARG = {"attention": "kv_cache", "decoder_layer": "kv_cache", "decoder": "kv_caches"}
-ARITY = {"attention": 1, "decoder_layer": 1, "decoder": 2}  # values before the KV result in the new return
 DEFINED_LAYER = (
     "a decoder layer defined here: MaxText's Decoder calls its layers through classes chosen at run time "
     "(get_decoder_layers()), which migrate cannot follow; move this layer's signature and returns together "
@@ -332,14 +332,21 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
         if names is None:
             self._site(original, callee, kind, "manual", "the result is unpacked into a starred or nested target")
             return updated
-        new_arity = ARITY[kind] + 1
+        # The two returns, from the rows (compat_matrix.yaml `returns:`): the KV result's place in the new one
+        new = self.callees.new_return(callee)
+        old_arity = caller_shape(kind, new=False).arity
+        if new is None or new.kv_index is None or new.arity != old_arity + 1:
+            self._site(original, callee, kind, "manual", f"the releases' returns of {callee} differ or add more than "
+                       f"the KV result ({self.callees.returns_by_release(callee)}): unpack by hand")  # fmt: skip
+            return updated
+        at, new_arity = new.kv_index, new.arity
         if self.target == "kv_return":
             if len(names) == new_arity:
                 self._site(original, callee, kind, "unchanged", "already unpacks the new return")
                 return updated
-            if len(names) != ARITY[kind]:
+            if len(names) != old_arity:
                 self._site(original, callee, kind, "manual", f"unpacks {len(names)} values; the old return has "
-                           f"{ARITY[kind]}")  # fmt: skip
+                           f"{old_arity}")  # fmt: skip
                 return updated
             threads = self._threads(kind)
             if threads is None:
@@ -348,21 +355,23 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
                 return updated
             kv_name = KV_ARG[kind] if threads else "_"
             value = self._with_kv_args(updated.value, kind, threads)
-            elements = [*(cst.Element(n) for n in names), cst.Element(cst.Name(kv_name))]
+            elements = [cst.Element(n) for n in names]
+            elements.insert(at, cst.Element(cst.Name(kv_name)))
             new_target = cst.Tuple(elements, lpar=[], rpar=[])
             given = "" if threads else "None"
-            change = f"unpacks (…, {kv_name}); passes {KV_ARG[kind]}={given} and attention_metadata={given}"
+            unpacks = ", ".join(kv_name if i == at else "…" for i in range(new_arity) if i in (at, at - 1, at + 1))
+            change = f"unpacks ({unpacks}); passes {KV_ARG[kind]}={given} and attention_metadata={given}"
             self._site(original, callee, kind, "rewritten", change)
             return updated.with_changes(targets=[cst.AssignTarget(new_target)], value=value)
         # legacy
-        if len(names) == ARITY[kind]:
+        if len(names) == old_arity:
             self._site(original, callee, kind, "unchanged", "already takes the old return")
             return updated
         if len(names) != new_arity:
             self._site(original, callee, kind, "manual", f"unpacks {len(names)} values")
             return updated
-        last = names[-1]
-        if not (isinstance(last, cst.Name) and last.value == "_"):
+        kv = names[at]
+        if not (isinstance(kv, cst.Name) and kv.value == "_"):
             self._site(original, callee, kind, "manual", "the KV result is used (legacy code has no KV cache)")
             return updated
         passed = self._kv_values(original.value, kind)
@@ -370,7 +379,7 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
             self._site(original, callee, kind, "manual", f"passes {', '.join(passed)} (a legacy call cannot write a "
                        "KV cache)")  # fmt: skip
             return updated
-        keep = names[:-1]
+        keep = names[:at] + names[at + 1 :]
         kept = (
             cast(cst.BaseAssignTargetExpression, keep[0])
             if len(keep) == 1

@@ -70,7 +70,7 @@ def _rule_factory(kind: str, row: MaxTextRow) -> Any:
             if routes:
                 session = current()
                 if session is not None and session.route:
-                    return inner_call(kind, call, args, kwargs, where)
+                    return inner_call(kind, row, call, args, kwargs, where)
 
             def native_call(m: Any, kw: dict[str, Any]) -> Any:
                 token = native_call_var.set((id(m), True))  # what MaxText's code calls now is MaxText's own call
