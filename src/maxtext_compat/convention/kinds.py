@@ -168,7 +168,7 @@ KINDS: dict[str, Kind] = {
 }  # fmt: skip
 
 # The matrix row's class keys and the kind each is (decoder layers are listed per family, not here).
-CLASS_KINDS: tuple[tuple[str, str], ...] = (
+CLASS_KINDS: tuple[tuple[str, KindName], ...] = (
     ("attention", "attention"),
     ("mla", "attention"),
     ("decoder", "decoder"),

@@ -11,21 +11,13 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from maxtext_compat.convention.kinds import CLASS_KINDS, KindName
 from maxtext_compat.matrix.returns import ReturnShape, caller_shape, one_shape
 
-Kind = Literal["attention", "decoder_layer", "decoder", "transformer"]
-
-# matrix `classes` keys -> the kind of call site they make
-CLASS_KEYS: dict[str, Kind] = {
-    "attention": "attention",
-    "mla": "attention",
-    "decoder": "decoder",
-    "nnx_decoder": "decoder",
-    "transformer": "transformer",
-    "transformer_linen": "transformer",
-}
+Kind = KindName
+CLASS_KEYS: dict[str, Kind] = dict(CLASS_KINDS)  # the matrix's class keys -> the kind of call site they make
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,12 @@ from typing import Any, Literal, cast
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
+from maxtext_compat.convention.kinds import KINDS, METADATA
 from maxtext_compat.matrix.returns import caller_shape
 from maxtext_compat.migrate.callees import Callees, Kind
 
 Target = Literal["kv_return", "legacy"]
 _TIGHT = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
-KV_ARG = {"attention": "kv_cache", "decoder_layer": "kv_cache", "decoder": "kv_caches"}
 DEFINED_LAYER = (
     "a decoder layer defined here: MaxText's Decoder calls its layers through classes chosen at run time "
     "(get_decoder_layers()), which migrate cannot follow; move this layer's signature and returns together "
@@ -302,7 +302,7 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
         if not self.params:
             return False
         func, names = self.params[-1]
-        if not {KV_ARG[kind], "attention_metadata"} <= names:
+        if not {KINDS[kind].kv_name, METADATA} <= names:
             return False
         return True if self.counts.get(func, {}).get(kind, 0) == 1 else None
 
@@ -350,17 +350,17 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
                 return updated
             threads = self._threads(kind)
             if threads is None:
-                self._site(original, callee, kind, "manual", f"the function takes {KV_ARG[kind]}= and makes several "
-                           f"{kind} calls: thread each call's cache by hand")  # fmt: skip
+                self._site(original, callee, kind, "manual", f"the function takes {KINDS[kind].kv_name}= and makes "
+                           f"several {kind} calls: thread each call's cache by hand")  # fmt: skip
                 return updated
-            kv_name = KV_ARG[kind] if threads else "_"
+            kv_name = KINDS[kind].kv_name if threads else "_"
             value = self._with_kv_args(updated.value, kind, threads)
             elements = [cst.Element(n) for n in names]
             elements.insert(at, cst.Element(cst.Name(kv_name)))
             new_target = cst.Tuple(elements, lpar=[], rpar=[])
             given = "" if threads else "None"
             unpacks = ", ".join(kv_name if i == at else "…" for i in range(new_arity) if i in (at, at - 1, at + 1))
-            change = f"unpacks ({unpacks}); passes {KV_ARG[kind]}={given} and attention_metadata={given}"
+            change = f"unpacks ({unpacks}); passes {KINDS[kind].kv_name}={given} and attention_metadata={given}"
             self._site(original, callee, kind, "rewritten", change)
             return updated.with_changes(targets=[cst.AssignTarget(new_target)], value=value)
         # legacy
@@ -407,7 +407,7 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
         named = {a.keyword.value for a in call.args if a.keyword is not None}
         extra = [
             cst.Arg(cst.Name(name if threads else "None"), keyword=cst.Name(name), equal=_TIGHT)
-            for name in (KV_ARG[kind], "attention_metadata")
+            for name in (KINDS[kind].kv_name, METADATA)
             if name not in named
         ]
         if not extra:
@@ -417,7 +417,7 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
     def _kv_values(self, call: cst.BaseExpression, kind: Kind) -> list[str]:
         """The KV arguments `call` passes a value other than None (`name=value`, as written)."""
         assert isinstance(call, cst.Call)
-        names = {KV_ARG[kind], "attention_metadata"}
+        names = {KINDS[kind].kv_name, METADATA}
         return [
             f"{a.keyword.value}={cst.Module([]).code_for_node(a.value)}"
             for a in call.args
@@ -428,7 +428,7 @@ class _Rewriter(_Resolving, cst.CSTTransformer):
 
     def _without_kv_args(self, call: cst.BaseExpression, kind: Kind) -> cst.BaseExpression:
         assert isinstance(call, cst.Call)
-        names = {KV_ARG[kind], "attention_metadata"}
+        names = {KINDS[kind].kv_name, METADATA}
         args = _without_items(list(call.args), lambda a: a.keyword is not None and a.keyword.value in names)
         return call.with_changes(args=args)
 
