@@ -8,7 +8,7 @@ serve 0.1.0 as fast as 0.2.5 serves itself. "Plugin path" is the serving backend
 as `MaxTextForCausalLM` calls it (jitted as tpu-inference jits the model step); "native" is
 MaxText 0.2.5's `Transformer(..., kv_caches=, attention_metadata=, model_mode="autoregressive")`
 called directly, on the same model (same weights). On 0.2.5 both run interleaved in one
-process. The 0.1.0 run (LegacyBackend.forward) loads 0.2.5's weights, KV caches and
+process. The 0.1.0 run (BackportBackend.forward) loads 0.2.5's weights, KV caches and
 inputs from $BENCH_WORK and is compared with 0.2.5's native time from the 0.2.5 run (another
 process, run just before on the same idle machine) and with its hidden states (max |Δ|).
 The step: 8 decode sequences with ragged contexts (5 to 63 tokens, 1 to 4 pages of 16), the
@@ -186,7 +186,7 @@ def run() -> list[dict[str, Any]]:
             f"median of {ROUNDS} warm jitted steps; {step}; 0.2.5's weights, caches and inputs; hidden max|Δ| vs "
             f"0.2.5 native {diff:.1e}; native: 0.2.5's native step from its own run (another process)"
         )
-        rows = [run_all.row("paged decode · backport step on 0.1.0 (LegacyBackend.forward)", value,
+        rows = [run_all.row("paged decode · backport step on 0.1.0 (BackportBackend.forward)", value,
                             "ms/step", how, spread=spread,
                             ref={"env": "maxtext-0.2.5", "figure": NATIVE_FIGURE})]  # fmt: skip
     print(f"  decode: {value:.1f} ms/step, max|Δ| {diff:.1e}", file=sys.stderr)

@@ -14,7 +14,7 @@ more than once per process. Each call, once per process:
    MAXTEXT_COMPAT_VLLM_MODEL=maxtext (0.2.x only; used to compare the two).
 Absent tpu-inference or MaxText: log and skip (vLLM swallows plugin import errors but not errors
 raised by `register()`; a missing package must not stop a server of some other model). A MaxText
-release no backend serves (0.1.0 before the legacy backend exists): the class is registered and
+release no backend serves (0.1.0 before the backport backend exists): the class is registered and
 its construction raises that typed error, so only a MaxText model fails, loudly. Other errors of a
 present stack (a CPU shim that cannot install, a broken shim profile) are raised at start-up.
 """

@@ -208,13 +208,13 @@ def test_release_without_a_backend_fails_only_when_a_maxtext_model_is_built() ->
     r = _run(BACKPORT_SCRIPT)
     assert r["registered"] and r["in_registry"]
     try:
-        import maxtext_compat.serving.legacy_backend  # noqa: F401
+        import maxtext_compat.serving.backport_backend  # noqa: F401
 
         has_backend = True
     except ImportError:
         has_backend = False
     if has_backend:
-        assert "via backend 'legacy'" in r["built"]
+        assert "via backend 'backport'" in r["built"]
     else:
-        assert r["built"].startswith("BackendUnavailableError") and "legacy" in r["built"]
+        assert r["built"].startswith("BackendUnavailableError") and "backport" in r["built"]
         assert "cannot be built in this environment" in r["reason"]

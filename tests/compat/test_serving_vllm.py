@@ -229,7 +229,7 @@ class TestKvReturnReleaseTP1:
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")
 @pytest.mark.extended_in(
     "maxtext-0.1.0-jax011"
-)  # the backport's TP=2 server: test_legacy_backend_serving's [2] in make test
+)  # the backport's TP=2 server: test_backport_backend_serving's [2] in make test
 class TestCompatModelTP2:
     """Same model over 2 virtual CPU devices: KV heads padded 1 -> 2, cache sharded on 'model'."""
 

@@ -335,11 +335,11 @@ def test_backend_selection_by_row() -> None:
     from maxtext_compat.serving import backend
 
     assert backend.entry_for(_row(True)).name == "native"
-    assert backend.entry_for(_row(False)).name == "legacy"
+    assert backend.entry_for(_row(False)).name == "backport"
     try:
-        import maxtext_compat.serving.legacy_backend  # noqa: F401
+        import maxtext_compat.serving.backport_backend  # noqa: F401
     except ImportError:
-        with pytest.raises(BackendUnavailableError, match="legacy"):
+        with pytest.raises(BackendUnavailableError, match="backport"):
             backend.backend_for(_row(False))
 
 

@@ -122,7 +122,7 @@ def read_params(items: Path) -> dict[str, Any]:
     import orbax.checkpoint as ocp
     from etils import epath
 
-    from maxtext_compat.serving.legacy_params import flatten
+    from maxtext_compat.serving.backport_params import flatten
 
     handler = ocp.PyTreeCheckpointHandler()
     meta = handler.metadata(epath.Path(items))

@@ -16,7 +16,7 @@ PROOF_FILES: dict[str, tuple[str, ...]] = {
         "tests/compat/test_serving_real_model.py",
         "tests/compat/test_serving_real_gemma3.py",
         "tests/compat/test_serving_conformance.py",
-        "tests/compat/test_legacy_backend_serving.py",
+        "tests/compat/test_backport_backend_serving.py",
     ),
     "kernel": (
         "tests/compat/test_paged_rpa.py",

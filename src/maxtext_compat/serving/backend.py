@@ -4,7 +4,7 @@ Why a backend: `MaxTextForCausalLM` (model.py) speaks tpu-inference's JAX model 
 does not depend on the MaxText release; how to load a config, build the model with weights,
 run one serving step and turn hidden states into logits does. MaxText 0.2.x has a native vLLM
 path (`native.NativeBackend`); 0.1.0 has none and gets one from the backport, whose backend the
-lead adds as `maxtext_compat.serving.legacy_backend:LegacyBackend` (or registers with
+lead adds as `maxtext_compat.serving.backport_backend:BackportBackend` (or registers with
 `register_backend`). Selection is by the resolved matrix row, never by trying calls.
 
 Everything here is light: backends import MaxText/jax only inside their methods.
@@ -144,7 +144,7 @@ def _native_applies(row: MaxTextRow) -> bool:
     return row.vllm is not None
 
 
-def _legacy_applies(row: MaxTextRow) -> bool:
+def _backport_applies(row: MaxTextRow) -> bool:
     return row.vllm is None
 
 
@@ -157,9 +157,9 @@ _ENTRIES: list[_Entry] = [
         "MaxText's own vLLM path (attention=vllm_rpa), releases whose matrix row has a `vllm` entry",
     ),
     _Entry(
-        "legacy",
-        _legacy_applies,
-        "maxtext_compat.serving.legacy_backend:LegacyBackend",
+        "backport",
+        _backport_applies,
+        "maxtext_compat.serving.backport_backend:BackportBackend",
         "releases without a vLLM path (0.1.0), through maxtext_compat's backport",
     ),
 ]

@@ -71,7 +71,7 @@ class NativeBackend(NNXTransformerBackend):
                 argument="maxtext",
                 expected="a release with configs/inference/vllm.yml",
                 found=self.row.name,
-                fix="use the legacy backend for this release",
+                fix="use the backport backend for this release",
             )
         cfg = self._initialize_config(spec.vllm_yml, overrides)
         modes = self.row.vllm.attention_modes if self.row.vllm else ()

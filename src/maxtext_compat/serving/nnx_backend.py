@@ -1,6 +1,6 @@
 """The part of serving MaxText's NNX `Transformer` that does not depend on the release's vLLM path.
 
-Why a shared base: the native backend (0.2.x) and the legacy backend (0.1.0) differ in how a
+Why a shared base: the native backend (0.2.x) and the backport backend (0.1.0) differ in how a
 serving step reaches ragged paged attention, but both run the same NNX `Transformer` under a
 mesh context (`_ctx`), so embedding, pyconfig loading, the input-embeddings refusal and the
 dense reference forward are written once here.

@@ -22,7 +22,7 @@ np = pytest.importorskip("numpy")  # the unit env has neither numpy nor jax
 jax = pytest.importorskip("jax")
 
 from maxtext_compat.errors import ServingConfigError, WeightsUnavailableError  # noqa: E402
-from maxtext_compat.serving.legacy_params import fit_params, params_tree  # noqa: E402
+from maxtext_compat.serving.backport_params import fit_params, params_tree  # noqa: E402
 
 PROMPTS: tuple[list[int], ...] = ([1, 5, 7, 9, 11, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 STEPS = 6
@@ -63,13 +63,13 @@ def backend() -> Iterator[Any]:
 
     from maxtext_compat import shims
     from maxtext_compat.cpu import rpa as cpu_rpa
-    from maxtext_compat.serving.legacy_backend import PROFILE, LegacyBackend
+    from maxtext_compat.serving.backport_backend import PROFILE, BackportBackend
     from maxtext_compat.testing.tiny import installed_row
 
     had_rpa, had_profile = cpu_rpa.installed(), shims.installed(PROFILE)
     status = cpu_rpa.install()
     assert status.active, status.reason
-    yield LegacyBackend(installed_row())
+    yield BackportBackend(installed_row())
     # Leave the process as found: later tests see MaxText's and tpu-inference's code unpatched.
     if not had_profile:
         shims.uninstall(PROFILE)

@@ -26,8 +26,8 @@ from typing import Any
 
 from maxtext_compat import names
 from maxtext_compat.errors import ServingConfigError, ServingError
-from maxtext_compat.serving import legacy_mesh as serving_mesh
-from maxtext_compat.serving import legacy_params as serving_params
+from maxtext_compat.serving import backport_mesh as serving_mesh
+from maxtext_compat.serving import backport_params as serving_params
 from maxtext_compat.serving.backend import StepOutput
 from maxtext_compat.serving.nnx_backend import NNXTransformerBackend
 
@@ -47,8 +47,8 @@ SERVING_DEFAULTS: dict[str, Any] = {
 }
 
 
-class LegacyBackend(NNXTransformerBackend):
-    name = "legacy"
+class BackportBackend(NNXTransformerBackend):
+    name = "backport"
 
     # ---------------------------------------------------------------- helpers
 
@@ -244,3 +244,6 @@ def _one_group(attention_metadata: Any) -> Any:
             fix="serve a model whose layers share one KV-cache spec (no hybrid sliding-window groups)",
         )
     return groups[0]
+
+
+LegacyBackend = BackportBackend  # its earlier name, kept for configurations that name it
