@@ -50,39 +50,33 @@ BUDGET_SHARE = 0.82
 MAX_BUDGET_GB = float(1 << 20)  # 1 PiB: anything above is a typo
 UNKNOWN_PEAK_GB = 8.0  # an environment with no recorded peak counts as a heavy one
 SMALL_PEAK_GB = 2.0  # the kernel-only environments and the unit tests: what fills the room beside a large one
-# A reading above the peak costs up to 0.19 s of CPU (PSS of a tree of JAX and vLLM processes, measured): every
-# second, an environment's sampler took 14% of a core in the kernel. A test's memory stays up for its duration
-# (minutes for a server), far longer than this.
-SAMPLE_INTERVAL_S = 5.0
+SAMPLE_INTERVAL_S = 1.0  # a reading costs ~6 ms of CPU (every process's stat, the tree's statm; measured)
 HOLDER_POLL_S = 5.0  # how often a waiting start looks again at which environment holds the gate (its mark appears)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 T = TypeVar("T")
 
 
-def _pss_bytes(pid: int, rss_bytes: int) -> int:
-    """The process's proportional set size (shared pages split among their users), else its RSS.
-
-    RSS counts every shared library and mapping once per process: a vllm server's processes summed by RSS
-    came to 13.7 GB while the machine's used memory stayed under 12 GB."""
+def _statm(pid: int) -> tuple[int, int]:
+    """(resident, shared file-backed) bytes of a process, from its kernel counters; (0, 0) once it has ended."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            fields = f.read().split()
     except OSError:
-        pass
-    return rss_bytes
+        return 0, 0
+    return int(fields[1]) * _PAGE, int(fields[2]) * _PAGE
 
 
 def tree_memory_gb(root: int, floor: float = 0.0) -> float:
-    """Memory (GB, PSS where the kernel reports it) of process `root` and all its descendants (Linux /proc;
-    0.0 where unreadable). By parent links, not by session: the serving tests start `vllm serve` in a
-    session of its own. Every process's stat is read to find the tree (cheap); PSS only for its members, and
-    only when their RSS sum exceeds `floor`: PSS is never above RSS, so a tree within `floor` returns its RSS sum
-    (<= floor) unread. Why: smaps_rollup walks a process's whole mapping, 0.3 s of CPU a reading of a tree of JAX
-    and vLLM processes (measured), which the samplers of three environments paid every second."""
+    """Memory (GB) of process `root` and all its descendants (Linux /proc; 0.0 where unreadable): each process's
+    private resident memory, plus the largest shared (file-backed) resident set once, which the processes of one
+    environment mostly share (the same jaxlib, torch and vllm libraries). By parent links, not by session: the
+    serving tests start `vllm serve` in a session of its own. `floor` is accepted for the sampler's readers and
+    not needed: every figure is a counter the kernel keeps (stat, statm).
+
+    Why not PSS: smaps_rollup walks a process's page tables holding its mmap lock, 0.19 s of CPU for a tree of
+    JAX and vLLM processes (measured), and the process's own mmap calls wait meanwhile: JAX processes sampled
+    every second were seen blocked in mmap while the machine sat partly idle."""
     parent: dict[int, int] = {}
-    rss: dict[int, int] = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
         if not entry.name.isdigit():
             continue
@@ -91,20 +85,18 @@ def tree_memory_gb(root: int, floor: float = 0.0) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()  # after the command: state ppid ... (proc(5))
         except OSError:
             continue  # the process ended while we looked
-        pid = int(entry.name)
-        parent[pid], rss[pid] = int(fields[1]), int(fields[21]) * _PAGE
+        parent[int(entry.name)] = int(fields[1])
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
-    members, todo = [], [root] if root in rss else []
+    members, todo = [], [root] if root in parent else []
     while todo:
         pid = todo.pop()
         members.append(pid)
         todo.extend(children.get(pid, ()))
-    resident = sum(rss[pid] for pid in members) / 2**30
-    if resident <= floor:
-        return resident
-    return sum(_pss_bytes(pid, rss[pid]) for pid in members) / 2**30
+    counts = [_statm(pid) for pid in members]
+    private = sum(resident - shared for resident, shared in counts)
+    return (private + max((shared for _, shared in counts), default=0)) / 2**30
 
 
 class PeakSampler:
