@@ -14,7 +14,7 @@ from typing import Any
 
 from maxtext_compat.errors import CompatError
 from maxtext_compat.matrix import CompatMatrix, load_matrix
-from maxtext_compat.resolver import Resolution, resolve
+from maxtext_compat.resolution.resolver import Resolution, resolve
 
 
 def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
 def own_maxtext() -> dict[str, Any]:
     """The installed MaxText as `matrix --maxtext` reports it: its version and commit, the row its code resolved
     as (or what the probes found where none matched) and which of our layers refused it, with the typed error."""
-    from maxtext_compat.installed import refuse_unbridged
+    from maxtext_compat.resolution.installed import refuse_unbridged
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -118,7 +118,7 @@ def _fingerprint(res: Resolution | None) -> dict[str, Any]:
 
 def _known_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
     """The installed row's known defects and whether the installed tpu-inference meets their condition."""
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
 
     if res.maxtext is None:
         return []
@@ -133,7 +133,7 @@ def _known_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
 
 def _stack_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
     """The installed tpu-inference's request defects (any served model): fixed or refused at request time."""
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
 
     tpi = res.versions.get("tpu_inference")
     version = None if tpi is None else m.comparable("tpu_inference", tpi.version)

@@ -17,7 +17,7 @@ BACKPORT_HOOKS = "backport-hooks"  # the backport's hooks alone, inert outside a
 CPU_RPA = "cpu-rpa"
 CPU_SERVING = "cpu-serving"
 
-# the serving stack (maxtext_compat.serving_fixes, maxtext_compat.vllm_plugin)
+# the serving stack (maxtext_compat.serving_fixes, maxtext_compat.serve.vllm_plugin)
 SERVING_REQUESTS = "serving-requests"
 SERVING_OUTPUT_HEAD = "serving-output-head"
 PLUGIN_CONFIG = "plugin-config"

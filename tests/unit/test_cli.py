@@ -202,7 +202,14 @@ def test_version_from_a_fresh_process_loads_nothing_heavy():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and proc.stdout == f"maxtext-compat {version('maxtext-compat')}\n"
     loaded = json.loads(proc.stderr.strip().splitlines()[-1])
-    heavy = ("jax", "numpy", "yaml", "maxtext_compat.contract", "maxtext_compat.matrix", "maxtext_compat.resolver")
+    heavy = (
+        "jax",
+        "numpy",
+        "yaml",
+        "maxtext_compat.contract",
+        "maxtext_compat.matrix",
+        "maxtext_compat.resolution.resolver",
+    )
     assert not [m for m in loaded if m.startswith(heavy)]
 
 

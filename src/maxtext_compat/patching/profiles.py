@@ -31,7 +31,7 @@ from maxtext_compat.patching import PatchSet, PatchSpec, Setting, traced
 from maxtext_compat.patching.registry import REGISTRY, Declarations, Profile, ProfileBuilder, ProfileChooser
 
 if TYPE_CHECKING:
-    from maxtext_compat.resolver import Resolution
+    from maxtext_compat.resolution.resolver import Resolution
 
 __all__ = [
     "Profile",
@@ -184,7 +184,7 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
             fix="pass install(profile=...) with one of the registered profiles",
         )
     if resolution is None:
-        from maxtext_compat.installed import installed_resolution
+        from maxtext_compat.resolution.installed import installed_resolution
 
         found = installed_resolution(probe=True)  # the probe checks the row against the installed source
         found.show(at_call_site=True)  # the user's line, past the API's argument checks

@@ -225,10 +225,10 @@ FIXES: dict[str, Callable[[], list[PatchSpec]]] = {
 
 def applicable(resolution: Any = None) -> tuple[str, list[Any]]:
     """(installed tpu-inference version, the known defects of its matrix range that apply to it)."""
-    from maxtext_compat import defects as known
+    from maxtext_compat.resolution import defects as known
 
     if resolution is None:
-        from maxtext_compat.installed import installed_resolution
+        from maxtext_compat.resolution.installed import installed_resolution
 
         resolution = installed_resolution().resolution
     row = resolution.tpu_inference

@@ -31,7 +31,7 @@ _registered = fork_safe_lock()
 
 
 def _row() -> MaxTextRow:
-    from maxtext_compat.installed import installed_row
+    from maxtext_compat.resolution.installed import installed_row
 
     return installed_row()
 
@@ -293,7 +293,7 @@ DEFECT_TARGETS: dict[str, Any] = {
 
 def _config_checks(row: MaxTextRow, tpu_inference: Any) -> Any:
     """pyconfig.initialize: refuse a config that hits a refused defect or a non-RPA vLLM attention backend."""
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
 
     def factory(original: Any) -> Any:
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -308,7 +308,7 @@ def _config_checks(row: MaxTextRow, tpu_inference: Any) -> Any:
 
 
 def defect_specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
     from maxtext_compat.shims import PatchSpec
 
     specs: list[Any] = []
@@ -358,7 +358,7 @@ def for_declared_convention(profile: str | None) -> str | None:
 def choose(resolution: Any) -> str | None:
     """The profile `shims.install()` picks: the backport for pre-#2616 rows, else the defect fixes; a fork that
     no row's adapters can call is refused here, before any patch."""
-    from maxtext_compat.installed import refuse_unbridged
+    from maxtext_compat.resolution.installed import refuse_unbridged
 
     refuse_unbridged(resolution)
     row = resolution.maxtext
@@ -401,7 +401,7 @@ class _RowShim(Shim):
         raise NotImplementedError
 
     def specs(self) -> list[Any]:
-        from maxtext_compat.installed import installed_resolution, refuse_unbridged
+        from maxtext_compat.resolution.installed import installed_resolution, refuse_unbridged
 
         refuse_unbridged(installed_resolution().resolution)
         return self.build(_row())
