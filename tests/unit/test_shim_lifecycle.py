@@ -137,10 +137,36 @@ def test_a_registered_shim_installs_by_name_and_is_listed_before_it_is_installed
         listed = {st.name: st for st in shim.statuses()}
         assert not listed[s.name].active and listed[s.name].verified_for == ("a throwaway module",)
         assert shims.registered_profiles()[s.name] == "a test shim"
-        shims.install(s.name)  # the profile API reaches the same shim
+        shims.install(s.name)  # the profile API reaches the same shim, through its own install()
         assert module.greet("x") == "HELLO X" and shim.status_of(s.name).active
         shims.uninstall(s.name)
-        assert s.calls == ["removed"]  # installed through the profile API: only the removal is the shim's step
+        assert s.calls == ["installed_now", "removed"]  # one door: the shim's steps ran as in s.install()
+    finally:
+        shims.unregister_profile(s.name)
+
+
+def test_installing_a_shim_by_name_and_through_its_install_gives_the_same_patches_facts_and_status(module) -> None:
+    s = Louder(module.__name__)
+    seen = []
+    for install in (s.install, lambda: shims.install(s.name)):
+        shim.register(s)
+        try:
+            install()
+            seen.append((shim.status_of(s.name), module.greet("x"), module.Box.size, active_patches()))
+            shims.uninstall(s.name)
+        finally:
+            shims.unregister_profile(s.name)
+    assert seen[0] == seen[1] and seen[0][0].facts == {"size": 9} and seen[0][1:3] == ("HELLO X", 9)
+
+
+def test_a_registered_shim_that_does_not_apply_installs_nothing_by_name_either(module) -> None:
+    s = Louder(module.__name__, why_not="not on this machine")
+    greet, size = _original(module)
+    shim.register(s)
+    try:
+        assert shims.install(s.name) is None  # its applies() answered: nothing installed, the status says why
+        assert _original(module) == (greet, size) and not shims.installed(s.name)
+        assert shim.status_of(s.name).reason == "not on this machine"
     finally:
         shims.unregister_profile(s.name)
 
@@ -163,3 +189,17 @@ def test_doctor_lists_every_shim_the_same_way(module) -> None:
         assert "shim vllm-backport: not installed in this process" in text
     finally:
         s.uninstall()
+
+
+def test_a_profile_registered_over_a_shims_name_installs_as_that_plain_profile(module) -> None:
+    """register_profile(name, ..., replace=True) makes the name the new builder's: installing it by name runs that
+    builder, not the shim's install() (which would register its own specs again)."""
+    s = Louder(module.__name__)
+    shim.register(s)
+    try:
+        shims.register_profile(s.name, lambda: [PatchSpec(f"{module.__name__}:greet", _louder)], replace=True)
+        shims.install(s.name)
+        assert module.greet("x") == "HELLO X" and module.Box.size == 1 and s.calls == []  # no Setting, no shim step
+        shims.uninstall(s.name)
+    finally:
+        shims.unregister_profile(s.name)

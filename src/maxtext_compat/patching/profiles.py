@@ -255,15 +255,20 @@ def install(
     try:
         for n in names:
             was = n in REGISTRY.installed
-            sets[n] = _install(n, stack)
+            got = _install_named(n, stack)
+            if got is None:  # a shim whose applies() says it does not apply here: its status says why
+                continue
+            sets[n] = got
             if not was:
                 installed_now.append(n)
     except BaseException:
         for n in reversed(installed_now):  # all or nothing: the profile installed before the failure goes too
             uninstall(n, force=True)
         raise
+    if names[0] not in sets:
+        return None
     with patching.LOCK:
-        REGISTRY.explicit.update(names)  # installed for good: a `with patched()` block leaving does not remove them
+        REGISTRY.explicit.update(sets)  # installed for good: a `with patched()` block leaving does not remove them
     if convention is not None and decl is not None:
         # The declaration lives as long as the profile that carries the rule: the companion when one was
         # needed (without it the declaration reaches nothing), else the profile itself.
@@ -273,6 +278,33 @@ def install(
         if companion is not None and name is not None and companion in installed_now:
             REGISTRY.companion_of[name] = companion  # uninstalling the profile removes what it brought
     return sets[names[0]]
+
+
+def _install_named(name: str, stack: bool) -> PatchSet | None:
+    """One door: a profile a `Shim` owns installs through `Shim.install` (its applies(), facts() and
+    installed_now() run as when the shim is installed itself); None when its applies() says it does not apply.
+    A profile registered over a shim's name (`register_profile(name, ..., replace=True)`) is that builder's, not the
+    shim's: it installs as a plain profile."""
+    with patching.LOCK:
+        owner = REGISTRY.shims.get(name)
+        prof = REGISTRY.profiles.get(name)
+    if owner is None or prof is None or prof.builder != owner.specs:
+        return _install(name, stack)
+    status = owner.install(stack=stack)
+    if not status.active:
+        log.info("maxtext-compat: shim %r does not apply here: %s", name, status.reason)
+        return None
+    with patching.LOCK:
+        return REGISTRY.installed.get(name)
+
+
+def install_patch_set(name: str, *, stack: bool = False) -> PatchSet:
+    """Install the registered profile `name` as one transaction, for good: the engine's step of `Shim.install`,
+    after the shim's own checks (a user installs by name through `install`, which comes back to the shim)."""
+    patch_set = _install(name, stack)
+    with patching.LOCK:
+        REGISTRY.explicit.add(name)
+    return patch_set
 
 
 def set_declarations(declarations: Declarations | None) -> Declarations | None:

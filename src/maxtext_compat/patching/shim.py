@@ -59,7 +59,18 @@ class ShimStatus:
 
 class Shim:
     """A named patch set with one lifecycle. Subclasses write `specs()` and, where they need them, `applies()`,
-    `facts()`, `installed_now()` and `removed()`; `install()`, `uninstall()` and `status()` are written here."""
+    `facts()`, `installed_now()` and `removed()`; `install()`, `uninstall()` and `status()` are written here.
+
+    >>> from maxtext_compat import shims
+    >>> class Quiet(shims.Shim):
+    ...     name = "quiet"
+    ...     def specs(self):
+    ...         return []  # PatchSpecs and Settings; see shims.PatchSpec
+    >>> Quiet().install().active, shims.install("quiet") is not None  # by name: the same shim, the same door
+    (True, True)
+    >>> Quiet().uninstall(); shims.unregister_profile("quiet")
+    []
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
@@ -90,9 +101,10 @@ class Shim:
 
     # ------------------------------------------------------------------ written once
 
-    def install(self) -> ShimStatus:
+    def install(self, *, stack: bool = False) -> ShimStatus:
         """Install this shim in this process, all of it or nothing; idempotent (an installed shim of the same
-        name answers with its status)."""
+        name answers with its status). `shims.install(name)` of a registered shim comes here too; `stack=True`
+        wraps targets another patcher wrapped instead of raising PatchConflictError."""
         with LIFECYCLE:
             if profiles.installed(self.name):
                 return status_of(self.name)
@@ -100,8 +112,7 @@ class Shim:
             if why is not None:
                 return self._record(ShimStatus(self.name, False, why, (), self.verified_for, dict(self.facts())))
             register(self)
-            patch_set = profiles.install(self.name)
-            assert patch_set is not None  # a named profile always installs
+            patch_set = profiles.install_patch_set(self.name, stack=stack)
             try:
                 self.installed_now(patch_set)
             except BaseException:
