@@ -188,12 +188,13 @@ def _rpa_kernel() -> dict[str, Any]:
 
 
 def _shims() -> list[dict[str, Any]]:
-    """Every shim of this process the same way: registered, installed, or asked for and why it did nothing."""
+    """Every shim the same way: those of this process (registered, installed, or asked for and why it did nothing)
+    and every one an installed distribution declares (the `maxtext_compat.shims` entry points), with its range."""
     from maxtext_compat.patching import shim
     from maxtext_compat.shims import maxtext_profiles
 
     maxtext_profiles.register()  # MaxText's own shims are listed before anything asked for one (idempotent)
-    return [s.as_dict() for s in shim.statuses()]
+    return [s.as_dict() for s in shim.listed()]
 
 
 def _active_patches() -> list[dict[str, Any]]:
@@ -345,7 +346,8 @@ def render(report: dict[str, Any]) -> str:
     lines.extend(_render_rpa_kernel(report["rpa_kernel"]))
     for s in report["shims"]:
         state = f"installed, {len(s['targets'])} target(s)" if s["active"] else s["reason"]
-        lines.append(f"shim {s['name']}: {state}")
+        verified = f" (verified for {', '.join(s['verified_for'])})" if s["verified_for"] else ""
+        lines.append(f"shim {s['name']}: {state}{verified}")
     patches = report["active_patches"]
     lines.append(f"active patches: {len(patches) or 'none'}")
     for p in patches:

@@ -208,14 +208,14 @@ def install(
     stack: bool = False,
     resolution: Resolution | None = None,
     convention: str | None = None,
+    force: bool = False,
 ) -> PatchSet | None:
     """Install `profile` (or the chooser's pick) in this process; all of its patches or none.
 
-    A no-op returning the active PatchSet when it is already installed. `stack=True` wraps
-    targets someone else already wrapped instead of raising PatchConflictError. Returns
-    None only when the chooser decided no shim is needed. `convention` declares what this
-    process's code expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see
-    maxtext_compat.convention.callers) until the profile is uninstalled.
+    A no-op returning the active PatchSet when it is already installed. `stack=True` wraps targets someone else
+    already wrapped instead of raising PatchConflictError; `force=True` installs a shim outside its `verified_for`.
+    Returns None only when the chooser decided no shim is needed. `convention` declares what this process's code
+    expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see convention.callers) until it is removed.
 
     >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
     >>> patch_set = shims.install("empty"); assert shims.install("empty") is patch_set  # idempotent
@@ -255,7 +255,7 @@ def install(
     try:
         for n in names:
             was = n in REGISTRY.installed
-            got = _install_named(n, stack)
+            got = _install_named(n, stack, force)
             if got is None:  # a shim whose applies() says it does not apply here: its status says why
                 continue
             sets[n] = got
@@ -280,7 +280,7 @@ def install(
     return sets[names[0]]
 
 
-def _install_named(name: str, stack: bool) -> PatchSet | None:
+def _install_named(name: str, stack: bool, force: bool = False) -> PatchSet | None:
     """One door: a profile a `Shim` owns installs through `Shim.install` (its applies(), facts() and
     installed_now() run as when the shim is installed itself); None when its applies() says it does not apply.
     A profile registered over a shim's name (`register_profile(name, ..., replace=True)`) is that builder's, not the
@@ -290,7 +290,7 @@ def _install_named(name: str, stack: bool) -> PatchSet | None:
         prof = REGISTRY.profiles.get(name)
     if owner is None or prof is None or prof.builder != owner.specs:
         return _install(name, stack)
-    status = owner.install(stack=stack)
+    status = owner.install(stack=stack, force=force)
     if not status.active:
         log.info("maxtext-compat: shim %r does not apply here: %s", name, status.reason)
         return None

@@ -325,7 +325,7 @@ class PluginConfigShim(Shim):
     name = HOOKS_PROFILE
     description = "the plugin's settings reach engine cores started by fork"
     # the vLLM of every serving environment of this repository (tests/compat/test_serving_plugin.py, the Ray tests)
-    verified_for = ("the vLLM releases the compat matrix's serving rows pin",)
+    verified_for = (names.TPU_INFERENCE_RELEASES,)  # the vLLM releases the serving rows of the matrix pin with them
 
     def __init__(self) -> None:
         self.present: list[tuple[str, Any]] = []

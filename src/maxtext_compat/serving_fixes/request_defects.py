@@ -267,12 +267,12 @@ class RequestDefectsShim(Shim):
 
     name = PROFILE
     description = "request features tpu-inference drops or fails on"
+    verified_for = (names.TPU_INFERENCE_RELEASES,)  # the defects each tpu-inference row of the matrix lists
 
     def __init__(self, resolution: Any = None) -> None:
         self.version, defects = applicable(resolution)
         self.handled = [d for d in defects if d.id in REFUSALS or d.id in FIXES]
         self.unhandled = [d.id for d in defects if d not in self.handled]
-        self.verified_for = (f"tpu-inference {self.version} (its matrix row's known_defects)",)
 
     def applies(self) -> str | None:
         if disabled():

@@ -109,7 +109,7 @@ class BackportHooksShim(Shim):
 
     name = PROFILE
     description = "inert unless a backport KV session is active"
-    verified_for = ("maxtext 0.1.0 (the rows without a vLLM path; classes named by the row)",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # built for the rows without a vLLM path (0.1.0)
 
     def __init__(self, row: MaxTextRow) -> None:
         self.row = row

@@ -413,7 +413,7 @@ class _RowShim(Shim):
 class VllmBackportShim(_RowShim):
     name = BACKPORT
     description = "new calls on a pre-#2616 MaxText: the call rule, its KV session and ragged paged attention"
-    verified_for = ("maxtext 0.1.0 (rows without the KV parameters)",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # built for rows without the KV parameters (0.1.0); tested on 0.2.x too
 
     def build(self, row: MaxTextRow) -> list[Any]:
         return backport_specs(row)
@@ -422,7 +422,7 @@ class VllmBackportShim(_RowShim):
 class KnownDefectsShim(_RowShim):
     name = DEFECTS
     description = "fixes listed in the matrix row"
-    verified_for = ("the defects each matrix row lists, with the releases each was seen on",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # the defects each matrix row lists, with the releases each was seen on
 
     def build(self, row: MaxTextRow) -> list[Any]:
         return defect_specs(row)
@@ -431,7 +431,7 @@ class KnownDefectsShim(_RowShim):
 class CallRuleShim(_RowShim):
     name = CALL_RULE
     description = "the call rule (and a declared caller convention) in MaxText's own classes"
-    verified_for = ("maxtext 0.2.0-0.2.5 (rows with the KV parameters)",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # built for rows with the KV parameters (0.2.x)
 
     def build(self, row: MaxTextRow) -> list[Any]:
         return call_rule_specs(row)
