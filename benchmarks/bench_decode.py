@@ -122,8 +122,8 @@ def run() -> list[dict[str, Any]]:
     from flax import nnx
 
     from maxtext_compat.serving.backend import backend_for
+    from maxtext_compat.serving.param_trees import load_npz, load_params, save_params
     from maxtext_compat.testing import tiny
-    from maxtext_compat.weights import load_npz, load_params, save_params
 
     row = tiny.installed_row()
     native = row.has_kv_params

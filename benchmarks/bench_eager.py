@@ -285,7 +285,7 @@ def _fake() -> list[dict[str, Any]]:
 
 def run() -> list[dict[str, Any]]:
     run_all.cpu_env()
-    from maxtext_compat.probes import detect_import_root
+    from maxtext_compat.resolution.probes import detect_import_root
 
     return real() if detect_import_root() is not None else fake()
 

@@ -24,7 +24,7 @@ import run_all
 
 ROUNDS = 10
 HEAVY = ("jax", "jaxlib", "flax", "maxtext", "MaxText", "tpu_inference", "vllm", "torch", "tensorflow", "numpy")
-LIGHT_API = "import maxtext_compat, maxtext_compat.adapters, maxtext_compat.shims, maxtext_compat.vllm_plugin"
+LIGHT_API = "import maxtext_compat, maxtext_compat.adapters, maxtext_compat.shims, maxtext_compat.serve.vllm_plugin"
 
 
 def _seconds(code: str) -> float:

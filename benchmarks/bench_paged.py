@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from maxtext_compat.cpu import rpa as cpu_rpa
-    from maxtext_compat.installed_kernel import installed_rpa
+    from maxtext_compat.resolution.installed_kernel import installed_rpa
 
     status = cpu_rpa.install()
     found = installed_rpa()

@@ -105,7 +105,7 @@ def run() -> list[dict[str, Any]]:
 def _smollm2(work: Path) -> list[dict[str, Any]]:
     from helpers.smollm2_server import serve, serve_hf
     from maxtext_compat import convert
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
     from maxtext_compat.testing import real_model as rm
 
     reference = rm.hf_reference(rm.smollm2_gguf(), hf_reference_dir())
@@ -127,7 +127,7 @@ def _smollm2(work: Path) -> list[dict[str, Any]]:
 def _gemma3(work: Path) -> list[dict[str, Any]]:
     from helpers.smollm2_server import serve, serve_hf
     from maxtext_compat import convert
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
     from maxtext_compat.testing import real_gemma3 as g3
 
     path = g3.gemma3_gguf()

@@ -147,7 +147,7 @@ JOBS = (
 
 def env_python(env: str) -> Path:
     try:
-        from maxtext_compat.envs import env_python as find
+        from maxtext_compat.runner.envs import env_python as find
     except ImportError:
         return ROOT / ".envs" / env / "bin" / "python"
     return find(env)

@@ -24,7 +24,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 
-from maxtext_compat.probes import detect_import_root
+from maxtext_compat.resolution.probes import detect_import_root
 
 # tests/helpers (fakes shared by several test files) is imported as `helpers`, under any import mode.
 _TESTS_DIR = str(Path(__file__).resolve().parent)
@@ -47,7 +47,7 @@ ACCEL_ENV, ACCEL_OLD_ENV, ACCEL_MODES = "MAXTEXT_COMPAT_ACCEL", "MAXTEXT_COMPAT_
 @functools.cache  # one resolve per session, not one per marked test
 def _release_has_a_shim_profile() -> bool:
     """Whether the installed MaxText gets a shim profile by default (0.2.0/0.2.1 need none)."""
-    from maxtext_compat.installed import installed_resolution
+    from maxtext_compat.resolution.installed import installed_resolution
     from maxtext_compat.shims import maxtext_profiles
 
     return HAS_MAXTEXT and maxtext_profiles.choose(installed_resolution().resolution) is not None
@@ -155,7 +155,7 @@ def _phase(item: pytest.Item) -> int:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if _phase(item) and not _is_unit_test(item):
-        from maxtext_compat.envmemory import enter_heavy_phase
+        from maxtext_compat.runner.memory import enter_heavy_phase
 
         if (waited := enter_heavy_phase()) >= 1:
             print(f"\n[maxtext-compat] heavy phase: waited {waited:.0f} s for another environment's", file=sys.stderr)

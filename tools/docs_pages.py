@@ -111,7 +111,8 @@ def recipes_page(readme: str) -> str:
 
 def cli_page() -> str:
     """Every subcommand's --help, from the parser the CLI runs (80 columns, as a terminal shows it)."""
-    from maxtext_compat import cli, serve_cli
+    from maxtext_compat import cli
+    from maxtext_compat.serve import command as serve_cli
 
     os.environ["COLUMNS"] = "100"
     parser = cli.build_parser()

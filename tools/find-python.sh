@@ -4,7 +4,7 @@
 # usage: tools/find-python.sh [VERSION]
 # Order: $MAXTEXT_COMPAT_PYTHON, pythonVERSION and python3 on PATH, pyenv's versions. A candidate is used only if
 # it runs and reports that version (a pyenv shim for a version that is not active fails to run: skipped).
-# The same search as maxtext_compat.envs.find_python, which builds the environments.
+# The same search as maxtext_compat.runner.envs.find_python, which builds the environments.
 set -u
 want=${1:-3.12}
 if ! [[ $want =~ ^3\.[0-9]+$ ]]; then

@@ -32,8 +32,8 @@ RECORDED_TIMES = "<!-- recorded-times -->"
 
 
 def _report_page() -> str:
-    from maxtext_compat import env_runner
     from maxtext_compat.report import page
+    from maxtext_compat.runner import running as env_runner
 
     durations = env_runner.expected_durations(REPO / env_runner.DURATIONS_FILE, cold=True)  # a fresh machine's plan
     return page.site_page(BUILD, durations, docs_pages.ci_matrix())  # the environments `make test` runs
@@ -168,7 +168,8 @@ def site_links(markdown: str, page: str, source_dir: str) -> str:
 def recorded_times() -> str:
     """tests/env_durations.json (cold and warm), tests/env_memory.json and env_memory_light.json as one table, with
     the sums of the times."""
-    from maxtext_compat import envdurations, envmemory
+    from maxtext_compat.runner import durations as envdurations
+    from maxtext_compat.runner import memory as envmemory
 
     recorded = envdurations.read(REPO / "tests" / "env_durations.json")
     memory = envmemory.recorded_peaks(REPO / "tests" / "env_memory.json")

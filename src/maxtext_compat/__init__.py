@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from typing import Any, TypeVar
 
     from maxtext_compat.matrix import CompatMatrix
-    from maxtext_compat.resolver import Resolution
+    from maxtext_compat.resolution.resolver import Resolution
 
     F = TypeVar("F", bound=Callable[..., Any])
 
@@ -131,7 +131,7 @@ def resolve(
     >>> res.convention, res.rpa_call_form()["form"]
     ('kv_scan_carry', 'flat')
     """
-    from maxtext_compat.resolver import resolve as _resolve
+    from maxtext_compat.resolution.resolver import resolve as _resolve
 
     return _resolve(versions, matrix=matrix, strict=strict, probe=probe)
 

@@ -62,13 +62,13 @@ MOVED: dict[str, str] = {
     "adapters.signature": "convention.signature",
     "adapters.translate": "convention.translate",
     "convention.declared": "convention.callers",
-    "convention.new_call": "write_path",
+    "convention.new_call": "backport.write_path",
     # the 0.1.0 backport: its hooks are a shim, its serving backend sits in serving/, weights at the root
     "backport.hooks": "shims.backport_hooks",
     "backport.serving": "serving.backport_backend",
     "backport.serving_mesh": "serving.backport_mesh",
     "backport.serving_params": "serving.backport_params",
-    "backport.weights": "weights",
+    "backport.weights": "serving.param_trees",
     "serving.backport": "serving.backport_backend",
     "serving.legacy_backend": "serving.backport_backend",
     "serving.legacy_mesh": "serving.backport_mesh",
@@ -88,7 +88,33 @@ MOVED: dict[str, str] = {
     "serving.reference": "decode.greedy",
     # the pytest plugin's state and the matrix runner
     "testing.plugin_state": "pytest_plugin.state",
-    "testmatrix": "env_runner",
+    "testmatrix": "runner.running",
+    # the package's root keeps foundations only: the matrix runner into runner/
+    "env_runner": "runner.running",
+    "envs": "runner.envs",
+    "envmemory": "runner.memory",
+    "envdurations": "runner.durations",
+    "pinsets": "runner.pinsets",
+    "workspace": "runner.workspace",
+    "selfwheel": "runner.selfwheel",
+    "nox": "runner.nox",
+    # which row is installed, into resolution/ (not resolve/: that is the public function maxtext_compat.resolve)
+    "resolver": "resolution.resolver",
+    "installed": "resolution.installed",
+    "installed_kernel": "resolution.installed_kernel",
+    "probes": "resolution.probes",
+    "defects": "resolution.defects",
+    # the demo's modules into demo/ (demo.py became demo/__init__.py: its path is unchanged)
+    "demo_all": "demo.every_env",
+    "demo_outcome": "demo.outcome",
+    "progress": "demo.progress",
+    # the serving entry points beside serving/
+    "serve_cli": "serve.command",
+    "vllm_plugin": "serve.vllm_plugin",
+    # strays to their packages (the parameter trees beside their first user, serving: convert/ imports serving/)
+    "write_path": "backport.write_path",
+    "weights": "serving.param_trees",
+    "xla_flags": "serving.xla_flags",
 }
 PACKAGE = "maxtext_compat"
 

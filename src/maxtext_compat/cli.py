@@ -1,7 +1,7 @@
 """The `maxtext-compat` command line: doctor, resolve, facts, envs, matrix, pins, report, demo, convert, migrate, serve.
 
 Why thin: every command is a view over library functions (doctor.collect, resolve,
-envs.build, env_runner.run_matrix) so what the CLI prints is what the tests assert.
+envs.build, running.run_matrix) so what the CLI prints is what the tests assert.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from maxtext_compat._version import __version__
 from maxtext_compat.errors import CompatError
-from maxtext_compat.pinsets import FORMATS
+from maxtext_compat.runner.pinsets import FORMATS
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -29,7 +29,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    from maxtext_compat.resolver import resolve
+    from maxtext_compat.resolution.resolver import resolve
 
     versions = {
         k: v
@@ -71,14 +71,14 @@ def _cmd_facts(args: argparse.Namespace) -> int:
 
 def _workspace(args: argparse.Namespace) -> Any:
     """The workspace a matrix command runs in: --project (default: here), its state in --cache-dir."""
-    from maxtext_compat import workspace
+    from maxtext_compat.runner import workspace
 
     return workspace.current(args.project, state=args.cache_dir, extras=getattr(args, "extras", "") or "")
 
 
 def _environment_names(ws: Any, names: Sequence[str]) -> list[str]:
     """Environment names as given; in a user's project a release (0.2.5) names its pin set (maxtext-0.2.5)."""
-    from maxtext_compat import envs
+    from maxtext_compat.runner import envs
 
     out = []
     for name in names:
@@ -92,7 +92,7 @@ def _environment_names(ws: Any, names: Sequence[str]) -> list[str]:
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
-    from maxtext_compat import envs
+    from maxtext_compat.runner import envs
 
     for name in args.names:  # before anything reads the matrix or touches the envs folder
         envs.check_env_name(name)
@@ -131,7 +131,7 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 
 
 def _shard(text: str) -> tuple[int, int]:
-    """`K/N` -> (K, N); the range is checked by env_runner.shard (one message for every caller)."""
+    """`K/N` -> (K, N); the range is checked by running.shard (one message for every caller)."""
     part, sep, parts = text.partition("/")
     try:
         if not sep:
@@ -142,27 +142,27 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from maxtext_compat import env_runner
     from maxtext_compat.report import results as report
+    from maxtext_compat.runner import running
 
     ws = _workspace(args)
     selected = _environment_names(ws, args.names) or list(ws.matrix.environments)
     if args.maxtext is not None:  # the user's own MaxText in place of the set's
-        from maxtext_compat import workspace
+        from maxtext_compat.runner import workspace
 
         ws, selected = workspace.with_own_maxtext(ws, selected, args.maxtext)
     names = selected
     run: dict[str, object] = {"selected": selected}
     if args.shard is not None:
         part, parts = args.shard
-        names = env_runner.shard(selected, part, parts, env_runner.shard_durations(ws))
+        names = running.shard(selected, part, parts, running.shard_durations(ws))
         run["shard"] = f"{part}/{parts}"
     if args.list:
         print(_job_list(ws, selected, names, args) if args.json else _job_table(ws, names))
         return 0
     if not names:  # said, not a silent pass: this shard has nothing to run
         print(f"matrix: shard {run.get('shard')} of {len(selected)} environment(s) has none to run")
-    results = env_runner.run_matrix(
+    results = running.run_matrix(
         names, pytest_args=args.pytest_args, build=not args.no_build, jobs=args.jobs, report_dir=args.report_dir,
         ws=ws, run=run,
     )  # fmt: skip
@@ -171,7 +171,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     print(report.render_table(results))
     print(f"report: {out}/compat-report.html (open it in a browser), {out}/compat-report.md, {out}/compat-report.json")
     if args.record_durations:
-        print(f"durations recorded in {env_runner.record_durations(results, ws.durations_file)}")
+        print(f"durations recorded in {running.record_durations(results, ws.durations_file)}")
     print(report.closing_line(results))
     return report.main_exit_code(results) if names else 0
 
@@ -180,14 +180,14 @@ def _job_list(ws: Any, selected: list[str], names: list[str], args: argparse.Nam
     """One JSON line, a job per environment, for a CI system's matrix (GitHub Actions' fromJSON, GitLab's
     parallel:matrix): each job's `shard` (K/N, one environment each) runs it with `matrix SELECTION --shard K/N`, so
     every job records the same selection and `report --merge` can join them and name any job that is missing."""
-    from maxtext_compat import env_runner
+    from maxtext_compat.runner import running
 
     if args.shard is not None:
         jobs = [{"name": n, "shard": f"{args.shard[0]}/{args.shard[1]}"} for n in names]
     else:
-        durations = env_runner.shard_durations(ws)
+        durations = running.shard_durations(ws)
         parts = len(selected)
-        owner = {n: k for k in range(1, parts + 1) for n in env_runner.shard(selected, k, parts, durations)}
+        owner = {n: k for k in range(1, parts + 1) for n in running.shard(selected, k, parts, durations)}
         jobs = [{"name": n, "shard": f"{owner[n]}/{parts}"} for n in selected]
     for job in jobs:
         spec = ws.matrix.environment(job["name"])
@@ -201,8 +201,8 @@ def _job_table(ws: Any, names: list[str]) -> str:
 
 
 def _cmd_pins(args: argparse.Namespace) -> int:
-    from maxtext_compat import pinsets
     from maxtext_compat.matrix import load_matrix
+    from maxtext_compat.runner import pinsets
 
     m = load_matrix()
     if args.list or args.release is None:
@@ -217,8 +217,8 @@ def _cmd_pins(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from maxtext_compat import workspace
     from maxtext_compat.report import page
+    from maxtext_compat.runner import workspace
 
     m = workspace.matrix_here(args.project)
     if args.merge:
@@ -246,10 +246,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.all or args.jobs is not None or args.record_durations:  # the demo in every environment
-        from maxtext_compat import demo_all, workspace
+        from maxtext_compat.demo import every_env
+        from maxtext_compat.runner import workspace
 
-        demo_all.check_options(every=args.all, verbose=args.verbose, jobs=args.jobs, record=args.record_durations)
-        return demo_all.main(workspace.default(), steps=args.steps, real=not args.no_real_model, jobs=args.jobs,
+        every_env.check_options(every=args.all, verbose=args.verbose, jobs=args.jobs, record=args.record_durations)
+        return every_env.main(workspace.default(), steps=args.steps, real=not args.no_real_model, jobs=args.jobs,
                              as_json=args.json, record=args.record_durations)  # fmt: skip
     from maxtext_compat import demo
 
@@ -497,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:  # argparse cannot pass unknown vLLM flags through a subparser
-        from maxtext_compat import serve_cli
+        from maxtext_compat.serve import command as serve_cli
 
         return serve_cli.main(argv[1:])
     args = build_parser().parse_args(argv)

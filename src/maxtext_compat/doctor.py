@@ -14,7 +14,7 @@ from typing import Any
 
 from maxtext_compat.errors import CompatError
 from maxtext_compat.matrix import CompatMatrix, load_matrix
-from maxtext_compat.resolver import Resolution, resolve
+from maxtext_compat.resolution.resolver import Resolution, resolve
 
 
 def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def collect(*, matrix: CompatMatrix | None = None, strict: bool = False) -> dict
 def own_maxtext() -> dict[str, Any]:
     """The installed MaxText as `matrix --maxtext` reports it: its version and commit, the row its code resolved
     as (or what the probes found where none matched) and which of our layers refused it, with the typed error."""
-    from maxtext_compat.installed import refuse_unbridged
+    from maxtext_compat.resolution.installed import refuse_unbridged
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -118,7 +118,7 @@ def _fingerprint(res: Resolution | None) -> dict[str, Any]:
 
 def _known_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
     """The installed row's known defects and whether the installed tpu-inference meets their condition."""
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
 
     if res.maxtext is None:
         return []
@@ -133,7 +133,7 @@ def _known_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
 
 def _stack_defects(res: Resolution, m: CompatMatrix) -> list[dict[str, str]]:
     """The installed tpu-inference's request defects (any served model): fixed or refused at request time."""
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
 
     tpi = res.versions.get("tpu_inference")
     version = None if tpi is None else m.comparable("tpu_inference", tpi.version)
@@ -188,12 +188,13 @@ def _rpa_kernel() -> dict[str, Any]:
 
 
 def _shims() -> list[dict[str, Any]]:
-    """Every shim of this process the same way: registered, installed, or asked for and why it did nothing."""
+    """Every shim the same way: those of this process (registered, installed, or asked for and why it did nothing)
+    and every one an installed distribution declares (the `maxtext_compat.shims` entry points), with its range."""
     from maxtext_compat.patching import shim
     from maxtext_compat.shims import maxtext_profiles
 
     maxtext_profiles.register()  # MaxText's own shims are listed before anything asked for one (idempotent)
-    return [s.as_dict() for s in shim.statuses()]
+    return [s.as_dict() for s in shim.listed()]
 
 
 def _active_patches() -> list[dict[str, Any]]:
@@ -345,7 +346,8 @@ def render(report: dict[str, Any]) -> str:
     lines.extend(_render_rpa_kernel(report["rpa_kernel"]))
     for s in report["shims"]:
         state = f"installed, {len(s['targets'])} target(s)" if s["active"] else s["reason"]
-        lines.append(f"shim {s['name']}: {state}")
+        verified = f" (verified for {', '.join(s['verified_for'])})" if s["verified_for"] else ""
+        lines.append(f"shim {s['name']}: {state}{verified}")
     patches = report["active_patches"]
     lines.append(f"active patches: {len(patches) or 'none'}")
     for p in patches:

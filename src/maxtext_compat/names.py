@@ -17,9 +17,15 @@ BACKPORT_HOOKS = "backport-hooks"  # the backport's hooks alone, inert outside a
 CPU_RPA = "cpu-rpa"
 CPU_SERVING = "cpu-serving"
 
-# the serving stack (maxtext_compat.serving_fixes, maxtext_compat.vllm_plugin)
+# the serving stack (maxtext_compat.serving_fixes, maxtext_compat.serve.vllm_plugin)
 SERVING_REQUESTS = "serving-requests"
 SERVING_OUTPUT_HEAD = "serving-output-head"
 PLUGIN_CONFIG = "plugin-config"
+
+# The releases the shims were verified on, as requirement strings (`Shim.verified_for`, checked before install):
+# the spans the compat matrix's rows cover (tests/unit/test_shim_verified_ranges.py holds them to the matrix).
+MAXTEXT_RELEASES = "maxtext>=0.1.0,<0.3"
+TPU_INFERENCE_RELEASES = "tpu-inference>=0.11.1,<0.33"
+CPU_JAX_RELEASES = "jax>=0.7.2,<0.13"  # the CPU kernel stand-in patches jax's private Pallas TPU interpreter
 
 TRAIN = "train"  # MaxText's MODEL_MODE_TRAIN, the same word in every release

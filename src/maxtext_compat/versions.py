@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from packaging.direct_url import DirectUrl, DirectUrlValidationError
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -169,4 +170,40 @@ def hypothetical_versions(versions: dict[str, str]) -> dict[str, DistInfo]:
                 fix="pass the release number as published on PyPI",
             ) from None
         out[key] = DistInfo(TRACKED[key][0], text)
+    return out
+
+
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution `name` under any of its spellings (vllm-tpu for vllm), or None."""
+    key = ALIASES.get(canonicalize_name(name), canonicalize_name(name).replace("-", "_"))
+    for dist_name in TRACKED.get(key, (name,)):
+        info = _read_dist(dist_name)
+        if info is not None:
+            return info.version
+    return None
+
+
+def unmet(requirements: Iterable[str]) -> list[tuple[str, str, str]]:
+    """The requirement strings (`maxtext>=0.2,<0.3`) an installed distribution does not meet: (the string as given,
+    the distribution, the version installed). A distribution that is not installed is not checked; a pre-release or
+    dev build counts as its release line (0.2.6.dev0 is in `>=0.2,<0.3`); a version that is not PEP 440 meets
+    nothing."""
+    out = []
+    for text in requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as err:
+            raise InvalidArgumentError(
+                f"not a requirement string: {err}",
+                argument="verified_for",
+                expected="requirement strings such as 'maxtext>=0.2,<0.3'",
+                found=repr(text),
+                fix="write each verified range as a PEP 508 requirement",
+            ) from None
+        found = installed_version(req.name)
+        if found is None:
+            continue
+        v = as_version(found)
+        if v is None or not req.specifier.contains(v, prereleases=True):
+            out.append((text, req.name, found))
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from maxtext_compat.probes import detect_import_root
+from maxtext_compat.resolution.probes import detect_import_root
 
 collect_ignore_glob = [] if detect_import_root() is not None else ["test_*.py"]
 
@@ -26,7 +26,7 @@ def smollm2():
 def reference():
     """transformers' own reading of the file (tokenizer and weights): (model, greedy ids per prompt, prompt ids);
     kept between environments beside the compilation caches (the reading costs 20-50 s)."""
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
     from maxtext_compat.testing import real_model as rm
 
     return rm.hf_reference(rm.smollm2_gguf(), hf_reference_dir())

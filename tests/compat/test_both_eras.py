@@ -115,7 +115,7 @@ def _config(variant):
 
 def _save_weights(variant, path):
     """This release's Attention for `variant` (seed 0, as _run builds it) written to an .npz."""
-    from maxtext_compat.weights import save_params
+    from maxtext_compat.serving.param_trees import save_params
 
     cfg, mesh = _config(variant)
     with tiny.mesh_context(cfg, mesh):
@@ -127,7 +127,7 @@ def _run(variant, era, declare=None, *, weights_in=None):
 
     weights_in: an .npz of the Attention's parameters to load first (the cross-release comparison moves them
     to the release the body was written for)."""
-    from maxtext_compat.weights import load_npz, load_params
+    from maxtext_compat.serving.param_trees import load_npz, load_params
 
     cfg, mesh = _config(variant)
     rng = np.random.default_rng(0)
@@ -180,7 +180,7 @@ class _WrittenFor:
         from pathlib import Path
 
         from helpers.crossrun import CPU_ENV
-        from maxtext_compat.envs import env_python, project_root
+        from maxtext_compat.runner.envs import env_python, project_root
 
         self.env = WRITTEN_FOR[FOREIGN_ERA]
         self.outs, runs = {}, []
@@ -209,7 +209,7 @@ class _WrittenFor:
         """The partner's own JAX compilation cache when this run has one (not this environment's)."""
         import os
 
-        from maxtext_compat.env_runner import compile_cache_env
+        from maxtext_compat.runner.caches import compile_cache_env
 
         return compile_cache_env(self.env) if os.environ.get("JAX_COMPILATION_CACHE_DIR") else {}
 
@@ -240,7 +240,7 @@ def _partner_answer_path(env, variant, weights):
     import hashlib
     import os
 
-    from maxtext_compat.env_runner import partner_answers_dir
+    from maxtext_compat.runner.caches import partner_answers_dir
 
     folder = partner_answers_dir()  # where the runner prunes them (the child inherits its cache settings)
     fixed = _partner_fixed_digest(env)
@@ -260,7 +260,7 @@ def _partner_fixed_digest(env):
     import hashlib
     from pathlib import Path
 
-    from maxtext_compat.envs import env_path
+    from maxtext_compat.runner.envs import env_path
 
     spec = env_path(env) / "maxtext-compat-env.json"  # its spec hash and versions, written when it was built
     if not spec.is_file():

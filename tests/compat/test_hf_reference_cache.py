@@ -52,7 +52,7 @@ def test_a_new_reader_release_is_a_new_entry(monkeypatch):
 def test_the_demo_takes_a_stored_answer_without_transformers(reference, monkeypatch):
     """`make demo` checks one prompt against transformers in five environments: a cache entry that holds that
     prompt's answer gives it from the file's header (no model loaded, no torch); one it lacks is decoded."""
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
 
     cache = hf_reference_dir()
     if cache is None:

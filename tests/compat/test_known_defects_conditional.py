@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.needs_maxtext, pytest.mark.needs_tpu_inference]
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from maxtext_compat import defects, shims  # noqa: E402
+from maxtext_compat import shims  # noqa: E402
 from maxtext_compat.errors import ShimRefusedError  # noqa: E402
+from maxtext_compat.resolution import defects  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -98,7 +99,7 @@ def test_batched_rpa_config_passes_when_the_batched_kernel_is_the_one_bound(inst
 
 def _models_here() -> list[str]:
     """The KV-sharing / hybrid models this release has a config for (0.2.2 has no Gemma 4 E2B)."""
-    from maxtext_compat.probes import package_dir
+    from maxtext_compat.resolution.probes import package_dir
 
     root = package_dir(ROW.import_root)
     if root is None:  # no MaxText here: the tests below are deselected anyway

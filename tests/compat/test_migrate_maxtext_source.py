@@ -50,7 +50,7 @@ KERNEL_ENV = "maxtext-0.1.0-jax011"  # the same MaxText 0.1.0 source, with tpu-i
 
 @pytest.fixture(scope="module")
 def migrated(tmp_path_factory):
-    from maxtext_compat.probes import package_dir
+    from maxtext_compat.resolution.probes import package_dir
 
     source = package_dir(tiny.installed_row().import_root)
     copy = tmp_path_factory.mktemp("mt") / "MaxText"

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.4")]
 pytest.importorskip("libcst")
 
 from maxtext_compat.migrate import files  # noqa: E402
-from maxtext_compat.probes import package_dir  # noqa: E402
+from maxtext_compat.resolution.probes import package_dir  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 

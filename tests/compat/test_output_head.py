@@ -40,7 +40,7 @@ def _mesh(cfg: Any) -> Any:
 @pytest.fixture(scope="module")
 def served(smollm2_dir) -> Any:
     """(backend, cfg, mesh, model): SmolLM2 as the server builds it."""
-    from maxtext_compat.installed import installed_row
+    from maxtext_compat.resolution.installed import installed_row
     from maxtext_compat.serving.backend import backend_for
 
     backend = backend_for(installed_row())

@@ -115,8 +115,8 @@ class World:
     def __init__(self, save_to: Path | None = None) -> None:
         from maxtext_compat import paged
         from maxtext_compat.adapters import wrap
+        from maxtext_compat.serving.param_trees import save_params
         from maxtext_compat.testing import tiny
-        from maxtext_compat.weights import save_params
 
         row = tiny.installed_row()
         native = row.has_kv_params
@@ -146,7 +146,7 @@ class World:
 
     def load(self, weights: Path) -> None:
         """The other environment's weights (an adapter shares its module's variables: it sees them too)."""
-        from maxtext_compat.weights import load_npz, load_params
+        from maxtext_compat.serving.param_trees import load_npz, load_params
 
         with self.context():
             for name, module in self.natives.items():
@@ -237,7 +237,7 @@ WEIGHTS_READY = "weights.ready"
 def _start_partner(work: Path, cases: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
     from helpers.crossrun import CPU_ENV
     from helpers.partner_env import require_env
-    from maxtext_compat.envs import env_python, project_root
+    from maxtext_compat.runner.envs import env_python, project_root
 
     require_env(PARTNER)
     request = {"weights": str(work), "ready": str(work / WEIGHTS_READY), "cases": cases, "out": str(work / "partner"),

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.envs("maxtext-0.2.0")]  # the shortest environment wit
 
 HEAD = r"""
 import json, types
-from maxtext_compat import vllm_plugin
+from maxtext_compat.serve import vllm_plugin
 vllm_plugin.register()
 config = types.SimpleNamespace(additional_config={"maxtext_compat": {"strict": True}})
 from maxtext_compat.serving import settings
@@ -70,7 +70,7 @@ def test_a_worker_host_set_up_differently_is_refused_at_start_up() -> None:
 
 FORKED = r"""
 import json, multiprocessing, types
-from maxtext_compat import vllm_plugin
+from maxtext_compat.serve import vllm_plugin
 from maxtext_compat.errors import ServingConfigError
 vllm_plugin.register()  # the parent, set up from its environment without a config (as `vllm serve`'s API server)
 from vllm.v1.engine.core import EngineCore

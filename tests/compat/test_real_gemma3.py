@@ -47,7 +47,7 @@ def gemma3():
 
 @pytest.fixture(scope="module")
 def reference():
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
 
     return g3.reference(g3.gemma3_gguf(), hf_reference_dir())
 

@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from maxtext_compat import resolve
-from maxtext_compat.probes import probe_runtime, probe_static
+from maxtext_compat.resolution.probes import probe_runtime, probe_static
 from maxtext_compat.testing import tiny
 
 pytestmark = pytest.mark.needs_maxtext
@@ -59,7 +59,7 @@ def test_attention_metadata_fields_match_the_tpu_inference_row(resolution):
     import jax
     import jax.numpy as jnp
 
-    from maxtext_compat.installed_kernel import attention_metadata_class
+    from maxtext_compat.resolution.installed_kernel import attention_metadata_class
 
     row = resolution.tpu_inference
     assert row is not None

@@ -59,7 +59,7 @@ def serving_python() -> tuple[str, dict[str, str]]:
     partner = SERVED_BY.get(_release())
     if partner is None:
         return sys.executable, {}
-    from maxtext_compat.envs import env_python
+    from maxtext_compat.runner.envs import env_python
 
     require_env(partner)
     return str(env_python(partner)), {"MAXTEXT_COMPAT_ENV": partner}

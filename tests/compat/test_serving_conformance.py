@@ -436,7 +436,7 @@ def _hf_samples(out: Path) -> list[dict]:
     import importlib.metadata
 
     from maxtext_compat.atomic_file import replacing
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
 
     gguf = rm.smollm2_gguf()
     key = hashlib.sha256(f"{gguf.stat().st_size}:{gguf.name}".encode())

@@ -42,7 +42,7 @@ import gc, json, os, sys
 def plugin_state(worker):  # run by collective_rpc in every Ray worker
     import os, socket
     import jax, ray
-    from maxtext_compat import vllm_plugin
+    from maxtext_compat.serve import vllm_plugin
     from maxtext_compat.patching.ledger import active_patches
     s = vllm_plugin.state()
     engine = (worker.vllm_config.additional_config or {}).get("maxtext_compat_engine") or {}

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
 # The plugin as vLLM loads it in a fresh process: registered twice, its state read. Sets `plugin`.
 REGISTER = r"""
 import json, inspect
-from maxtext_compat import vllm_plugin
+from maxtext_compat.serve import vllm_plugin
 vllm_plugin.register()
 vllm_plugin.register()  # vLLM may load plugins twice per process
 from tpu_inference.models.common import model_loader as ml
@@ -186,7 +186,7 @@ def test_call_accepts_the_0_11_runner_layout() -> None:
 
 BACKPORT_SCRIPT = r"""
 import json, importlib.util
-from maxtext_compat import vllm_plugin
+from maxtext_compat.serve import vllm_plugin
 from maxtext_compat.errors import BackendUnavailableError
 from maxtext_compat.serving import runtime
 from tpu_inference.models.common import model_loader as ml

@@ -44,7 +44,7 @@ def gemma3_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gemma3_reference():
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
     from maxtext_compat.testing import real_gemma3 as g3
 
     return g3.reference(g3.gemma3_gguf(), hf_reference_dir())

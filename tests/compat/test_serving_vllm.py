@@ -85,7 +85,7 @@ def dense_tokens(checkpoint: str) -> list[list[int]]:
 def _serve(workdir: Path, name: str, checkpoint: str | None, *, tp: int, env: dict[str, str]) -> Iterator[Server]:
     """A `maxtext-compat serve --tiny` server; checkpoint None serves random weights (--load-format dummy)."""
     from helpers import vllm_server as server
-    from maxtext_compat import serve_cli
+    from maxtext_compat.serve import command as serve_cli
 
     port = server.free_port()
     mc = {"load_parameters_path": checkpoint} if checkpoint else {}

@@ -21,8 +21,8 @@ nnx = pytest.importorskip("flax.nnx")
 
 from helpers import crossrun as cr  # noqa: E402
 from helpers.partner_env import require_env  # noqa: E402
-from maxtext_compat import weights  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
+from maxtext_compat.serving import param_trees as weights  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()

@@ -14,7 +14,7 @@ from maxtext_compat.matrix import MaxTextRow
 
 def write_checkpoint(cfg: Any, path: str, *, seed: int = 0, mesh: Any = None, row: MaxTextRow | None = None) -> str:
     """Random weights of `cfg`'s model at `path`; returns the `load_parameters_path` to serve with."""
-    from maxtext_compat.installed import installed_row
+    from maxtext_compat.resolution.installed import installed_row
     from maxtext_compat.serving.backend import backend_for
 
     return backend_for(row or installed_row()).save_checkpoint(cfg, path, seed, mesh)

@@ -106,8 +106,8 @@ def build(spec: RunSpec) -> tuple[Any, Any]:
     Both hold the same weights: `spec.weights_in` when given, else the paged model's random init.
     On 0.2.x the dense model is a base.yml twin (the vLLM config's attention cannot run densely).
     """
+    from maxtext_compat.serving.param_trees import export_params, load_npz, load_params, save_params
     from maxtext_compat.testing import tiny
-    from maxtext_compat.weights import export_params, load_npz, load_params, save_params
 
     if spec.profile is not None:
         from maxtext_compat import shims
@@ -307,7 +307,7 @@ def missing_env(env: str) -> str | None:
     the runner builds each environment as it starts it, and a partner may be needed before its own turn. Under the
     environment's build lock, so a build of it under way is waited for, not repeated (an up-to-date one is left as
     it is); a failed build is the test's failure."""
-    from maxtext_compat import envs, workspace
+    from maxtext_compat.runner import envs, workspace
 
     python = envs.env_python(env)
     if os.environ.get("MAXTEXT_COMPAT_ENV"):
@@ -328,7 +328,7 @@ def start_in_env(
 
     import_first: a directory put ahead of the environment's packages (a migrated copy of MaxText).
     """
-    from maxtext_compat.envs import env_python
+    from maxtext_compat.runner.envs import env_python
 
     python = env_python(env)
     if missing_env(env) is not None:

@@ -38,13 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `helpers`, run a
 from helpers.fake_layers import LAYERS_SOURCE, tagger
 from helpers.fake_modules import make_module
 from helpers.shipped import shipped_matrix
-from maxtext_compat import shims, vllm_plugin
+from maxtext_compat import shims
 from maxtext_compat.adapters.wrapper import adapted_class
 from maxtext_compat.convention import callers, policy
 from maxtext_compat.cpu import rpa as cpu_rpa
 from maxtext_compat.cpu import serving as cpu_serving
-from maxtext_compat.installed import installed_resolution
 from maxtext_compat.patching import traced
+from maxtext_compat.resolution.installed import installed_resolution
+from maxtext_compat.serve import vllm_plugin
 from maxtext_compat.serving import backend
 from maxtext_compat.serving_fixes import output_head
 from maxtext_compat.serving_fixes import request_defects as serving_requests

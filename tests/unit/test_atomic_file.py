@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from maxtext_compat.atomic_file import PARTIAL_GLOB, replacing
-from maxtext_compat.env_runner import PRUNED_CACHES
+from maxtext_compat.runner.caches import PRUNED_CACHES
 
 
 def test_the_block_writes_a_sibling_that_replaces_the_file(tmp_path):

@@ -133,7 +133,7 @@ def policy_row(policy: str) -> dict[str, Any]:
 
 
 def write_path_with(hooks: Any) -> Any:
-    from maxtext_compat.write_path import WritePath
+    from maxtext_compat.backport.write_path import WritePath
 
     return WritePath(ensure_hooks=hooks)
 
@@ -346,7 +346,7 @@ def load_matrix(path: str) -> Any:
 
 
 def resolve(**versions: str) -> Any:
-    from maxtext_compat.resolver import resolve as _resolve
+    from maxtext_compat.resolution.resolver import resolve as _resolve
 
     return _resolve({k.replace("_", "-"): v for k, v in versions.items()}, matrix=matrix())
 

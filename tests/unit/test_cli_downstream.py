@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_compat import cli, pinsets, workspace
+from maxtext_compat import cli
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import load_matrix
+from maxtext_compat.runner import pinsets, workspace
 
 pytestmark = pytest.mark.envs("unit")
 

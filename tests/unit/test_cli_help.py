@@ -12,7 +12,8 @@ import shlex
 
 import pytest
 
-from maxtext_compat import cli, serve_cli
+from maxtext_compat import cli
+from maxtext_compat.serve import command as serve_cli
 
 pytestmark = pytest.mark.envs("unit")
 

@@ -15,9 +15,9 @@ import yaml
 from packaging.version import Version
 
 from helpers.shipped import MATRIX_FILE
-from maxtext_compat import defects
 from maxtext_compat.errors import MatrixError, ShimRefusedError
 from maxtext_compat.matrix import load_matrix, parse_matrix
+from maxtext_compat.resolution import defects
 
 SLOTS, GDN, BATCHED = "kv-slots-out-of-layer-order", "gdn-config-import-gone", "batched-rpa-kernel-bound-at-import"
 
@@ -173,9 +173,9 @@ def test_a_refused_defect_parses_with_its_condition(doc):
 
 
 def test_per_layer_metadata_dicts(matrix):
+    from maxtext_compat.backport.write_path import same_metadata
     from maxtext_compat.convention.translate import per_layer_metadata as read
     from maxtext_compat.errors import InvalidArgumentError
-    from maxtext_compat.write_path import same_metadata
 
     def per_layer_metadata(*args):  # the rule's translator is built with the kernel side's comparison
         return read(*args, same=same_metadata)

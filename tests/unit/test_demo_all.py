@@ -12,9 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from maxtext_compat import cli, demo_all, demo_outcome, env_runner, envdurations, workspace
+from maxtext_compat import cli
 from maxtext_compat.demo import LOG_NOTE
-from maxtext_compat.demo_outcome import DemoRun
+from maxtext_compat.demo import every_env as demo_all
+from maxtext_compat.demo import outcome as demo_outcome
+from maxtext_compat.demo.outcome import DemoRun
+from maxtext_compat.runner import caches, workspace
+from maxtext_compat.runner import durations as envdurations
 
 pytestmark = pytest.mark.envs("unit")
 
@@ -229,7 +233,7 @@ def test_main_prints_the_table_exits_1_naming_the_failure_and_records_only_the_p
     })  # fmt: skip
     ws = SimpleNamespace(matrix=matrix, records=tmp_path, state=tmp_path)
     (tmp_path / demo_all.DURATIONS_NAME).write_text(json.dumps({"maxtext-0.1.0": 90, "maxtext-0.2.5": 50}))
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "caches"))  # every environment's cache empty
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "caches"))  # every environment's cache empty
     ran = []
 
     def fake(name, *, ws, steps, real, build_lock, logs):

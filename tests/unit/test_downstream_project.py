@@ -4,7 +4,7 @@ One throw-away project (its own package calling MaxText's Attention the old way,
 fixtures) is run over MaxText 0.1.0 and 0.2.5 four ways, each from the wheel installed in the project's own venv:
 `maxtext-compat matrix`; the commands of the GitHub Actions workflow we ship (docs/ci/compat-matrix.yml), one
 shard per job in its own process and folder, joined by `report --merge`; `maxtext-compat pins` followed by plain uv;
-and nox through `maxtext_compat.nox`. Each way must find the same packages and the same results.
+and nox through `maxtext_compat.runner.nox`. Each way must find the same packages and the same results.
 
 Runs in the unit environment (Python 3.11, no MaxText of its own): every MaxText here is one the wheel installs.
 """
@@ -127,13 +127,13 @@ def downstream(tmp_path_factory):
     assert recipe.startswith("# tests/test_mine.py\n")
     (project / "tests" / "test_mine.py").write_text(recipe, encoding="utf-8")
     (project / "noxfile.py").write_text(
-        'from maxtext_compat.nox import compat_sessions\n\ncompat_sessions(["0.1.0", "0.2.5"], extras="test")\n',
+        'from maxtext_compat.runner.nox import compat_sessions\n\ncompat_sessions(["0.1.0", "0.2.5"], extras="test")\n',
         encoding="utf-8",
     )
     venv = root / "venv"
     _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], root, env)
     _run([uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel), "nox"], root, env)
-    from maxtext_compat.envs import find_python
+    from maxtext_compat.runner.envs import find_python
 
     # the project's venv, uv, and a Python 3.12 (the sets' interpreter) on PATH, as on a user's runner
     python312 = Path(find_python("3.12")).parent

@@ -16,10 +16,13 @@ import pytest
 from packaging.version import Version
 
 from helpers.shipped import CI_LAYOUT, MATRIX_FILE, REPO, ci_matrix, shipped_matrix
-from maxtext_compat import env_runner, envdurations, envmemory, envs
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix, with_environments
 from maxtext_compat.report import results as report_results
+from maxtext_compat.runner import caches, envs
+from maxtext_compat.runner import durations as envdurations
+from maxtext_compat.runner import memory as envmemory
+from maxtext_compat.runner import running as env_runner
 
 pytestmark = [
     pytest.mark.envs("unit"),  # builds throwaway environments: once per matrix run is enough
@@ -89,8 +92,8 @@ def test_test_processes_write_bytecode_outside_the_tree_even_where_the_machine_f
 ):
     """CI sets PYTHONDONTWRITEBYTECODE: without this every process compiles vllm and torch from source again."""
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
-    prefix = tmp_path / "cc" / env_runner.PYCACHE
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    prefix = tmp_path / "cc" / caches.PYCACHE
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_x.py").write_text(
@@ -111,7 +114,7 @@ def test_test_processes_write_bytecode_outside_the_tree_even_where_the_machine_f
 def test_a_run_records_whether_its_compilation_cache_was_cold_and_the_next_plan_reads_it(matrix, tmp_path, monkeypatch):
     """The first run finds the environment's cache empty (cold), fills it as a compile would; the second is warm.
     Each is recorded under its own figure and the plan then follows the cache's state."""
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_x.py").write_text(
@@ -147,14 +150,14 @@ def test_a_run_records_whether_its_compilation_cache_was_cold_and_the_next_plan_
 def test_an_environment_is_cold_by_its_cache_when_the_run_began_not_when_it_starts(matrix, tmp_path, monkeypatch):
     """A partner process of one environment (the cross-era and paths tests start one in another environment) may
     fill that environment's cache before its own turn: it still ran cold, and is recorded so."""
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
     two = dataclasses.replace(matrix, environments={"tiny": matrix.environments["tiny"], "other": _spec("other")})
     seen: dict[str, bool | None] = {}
 
     def fake_run_env(name, *, cold_cache=None, **_kwargs):
         seen[name] = cold_cache
         if name == "tiny":  # its partner compiles in the other environment's cache
-            folder = env_runner.compile_cache_dir("other")
+            folder = caches.compile_cache_dir("other")
             folder.mkdir(parents=True)
             (folder / "jit_partner-cache").write_bytes(b"x")
         return report_results.EnvResult(name=name, maxtext=None, passed=1, cold_cache=bool(cold_cache))
@@ -194,16 +197,16 @@ def test_make_demo_compiles_modules_where_the_test_runs_do(compile_cache, xdg, t
     if shutil.which("make") is None:
         pytest.fail("make is what the README's two commands run: it must be installed")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "XDG_CACHE_HOME")}
-    env.pop(env_runner.COMPILE_CACHE_VAR, None)
+    env.pop(caches.COMPILE_CACHE_VAR, None)
     if compile_cache:
-        env[env_runner.COMPILE_CACHE_VAR] = str(tmp_path / compile_cache)
+        env[caches.COMPILE_CACHE_VAR] = str(tmp_path / compile_cache)
     if xdg:
         env["XDG_CACHE_HOME"] = str(tmp_path / xdg)
     show = "print-pycache: ; @echo $$PYTHONPYCACHEPREFIX"
     made = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(REPO), "--eval", show, "print-pycache"],
                           env=env, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     with mock.patch.dict(os.environ, env, clear=True):
-        assert made == env_runner.bytecode_cache_env()["PYTHONPYCACHEPREFIX"]
+        assert made == caches.bytecode_cache_env()["PYTHONPYCACHEPREFIX"]
 
 
 def test_a_hung_environment_is_stopped_with_everything_it_started(matrix, tmp_path, monkeypatch):
@@ -413,60 +416,60 @@ def test_recorded_durations_are_read_leniently_and_cover_every_real_environment(
 def test_environments_of_one_jaxlib_share_a_compile_cache_and_no_other_does(monkeypatch, tmp_path):
     """JAX's entry key holds jaxlib's version and the whole program, so a folder shared by one jaxlib's environments
     serves each the programs another compiled (the same tiny model under two MaxText releases) and nothing else."""
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
     m = ci_matrix()
     folders: dict[Path, set[str]] = {}
     for name, spec in m.environments.items():
-        folder = env_runner.compile_cache_dir(name, m)
+        folder = caches.compile_cache_dir(name, m)
         assert folder is not None and folder.parent == tmp_path / "cc" / "jax-compile"
-        assert env_runner.compile_cache_env(name, m)["JAX_COMPILATION_CACHE_DIR"] == str(folder)
+        assert caches.compile_cache_env(name, m)["JAX_COMPILATION_CACHE_DIR"] == str(folder)
         # the oracle: the jaxlib each installs, read from its own pins (jax's where jaxlib is not named)
         folders.setdefault(folder, set()).add(spec.pinned("jaxlib") or spec.pinned("jax") or f"none:{name}")
     assert all(len(jaxlibs) == 1 for jaxlibs in folders.values()), folders
     assert len(folders) == len({next(iter(j)) for j in folders.values()})  # one folder per jaxlib
-    shared = env_runner.compile_cache_dir("maxtext-0.2.5", m)
-    assert shared == env_runner.compile_cache_dir("maxtext-0.1.0-jax011", m) and shared.name == "jaxlib-0.11.2"
-    assert env_runner.compile_cache_dir("unit", m).name == "unit"  # no jaxlib: a folder of its own
-    assert env_runner.compile_cache_dir("not-in-the-matrix", m).name == "not-in-the-matrix"
+    shared = caches.compile_cache_dir("maxtext-0.2.5", m)
+    assert shared == caches.compile_cache_dir("maxtext-0.1.0-jax011", m) and shared.name == "jaxlib-0.11.2"
+    assert caches.compile_cache_dir("unit", m).name == "unit"  # no jaxlib: a folder of its own
+    assert caches.compile_cache_dir("not-in-the-matrix", m).name == "not-in-the-matrix"
     # cold or warm is read from the shared folder: an entry another environment wrote makes this one warm
-    assert env_runner.cache_is_cold("maxtext-0.2.4", m)
+    assert caches.cache_is_cold("maxtext-0.2.4", m)
     shared.mkdir(parents=True)
     (shared / "jit_step-0123-cache").write_bytes(b"x")
-    assert not env_runner.cache_is_cold("maxtext-0.2.4", m) and env_runner.cache_is_cold("maxtext-0.2.1", m)
+    assert not caches.cache_is_cold("maxtext-0.2.4", m) and caches.cache_is_cold("maxtext-0.2.1", m)
 
 
 def test_a_cache_is_cold_until_it_holds_an_entry(monkeypatch, tmp_path):
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
     folder = tmp_path / "cc" / "jax-compile" / "unit"
-    assert env_runner.cache_is_cold("unit")  # missing
+    assert caches.cache_is_cold("unit")  # missing
     (folder / "sub").mkdir(parents=True)
-    assert env_runner.cache_is_cold("unit")  # folders alone are no entries
+    assert caches.cache_is_cold("unit")  # folders alone are no entries
     (folder / "sub" / "jit_f-1234").write_bytes(b"x")
-    assert not env_runner.cache_is_cold("unit")
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, "")
-    assert env_runner.cache_is_cold("unit")  # caches turned off
+    assert not caches.cache_is_cold("unit")
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, "")
+    assert caches.cache_is_cold("unit")  # caches turned off
 
 
 def test_compile_cache_lives_outside_the_tree_and_can_be_turned_off(monkeypatch, tmp_path):
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
-    env = env_runner.compile_cache_env("maxtext-0.2.5")
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    env = caches.compile_cache_env("maxtext-0.2.5")
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cc" / "jax-compile" / "maxtext-0.2.5")
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, "")
-    assert env_runner.compile_cache_env("maxtext-0.2.5") == {}
-    monkeypatch.delenv(env_runner.COMPILE_CACHE_VAR)
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, "")
+    assert caches.compile_cache_env("maxtext-0.2.5") == {}
+    monkeypatch.delenv(caches.COMPILE_CACHE_VAR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert env_runner.compile_cache_env("x")["JAX_COMPILATION_CACHE_DIR"].startswith(str(tmp_path / "xdg"))
-    assert env_runner.compile_cache_env("x")["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(1 << 30)  # JAX keeps it LRU
+    assert caches.compile_cache_env("x")["JAX_COMPILATION_CACHE_DIR"].startswith(str(tmp_path / "xdg"))
+    assert caches.compile_cache_env("x")["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(1 << 30)  # JAX keeps it LRU
 
 
 def test_cache_entries_unused_for_two_weeks_are_pruned_and_nothing_else(monkeypatch, tmp_path):
     import os
 
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
-    assert env_runner.prune_unused_caches() == []  # no folders yet
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    assert caches.prune_unused_caches() == []  # no folders yet
     now = 1_800_000_000.0
     ages = {"fresh": 0.0, "a-week": 7 * 86400.0, "stale": 15 * 86400.0}
-    folders = {env_runner.PARTNER_ANSWERS: ".npz", env_runner.HF_REFERENCE: ".safetensors"}
+    folders = {caches.PARTNER_ANSWERS: ".npz", caches.HF_REFERENCE: ".safetensors"}
     for folder, suffix in folders.items():
         (tmp_path / "cc" / folder).mkdir(parents=True)
         others = [("stale.other", 30 * 86400.0), (f"stale{suffix}.1234.partial", 15 * 86400.0)]
@@ -475,7 +478,7 @@ def test_cache_entries_unused_for_two_weeks_are_pruned_and_nothing_else(monkeypa
             f = tmp_path / "cc" / folder / name
             f.write_bytes(b"x")
             os.utime(f, (now - age, now - age))
-    pruned = env_runner.prune_unused_caches(now=now)
+    pruned = caches.prune_unused_caches(now=now)
     assert sorted(f"{p.parent.name}/{p.name}" for p in pruned) == [
         "era-partner/stale.npz",
         "era-partner/stale.npz.1234.partial",
@@ -486,9 +489,9 @@ def test_cache_entries_unused_for_two_weeks_are_pruned_and_nothing_else(monkeypa
         assert sorted(p.name for p in (tmp_path / "cc" / folder).iterdir()) == sorted(
             ["a-week" + suffix, "fresh" + suffix, f"fresh{suffix}.1234.partial", "stale.other"]
         )
-    assert env_runner.hf_reference_dir() == tmp_path / "cc" / "hf-reference"
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, "")
-    assert env_runner.prune_unused_caches(now=now + 10**9) == [] and env_runner.hf_reference_dir() is None
+    assert caches.hf_reference_dir() == tmp_path / "cc" / "hf-reference"
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, "")
+    assert caches.prune_unused_caches(now=now + 10**9) == [] and caches.hf_reference_dir() is None
 
 
 @pytest.mark.parametrize("jobs", [0, -1, 2.5, True, "2"])
@@ -579,7 +582,7 @@ def test_a_run_splits_its_peak_at_the_heavy_phase_and_records_both(matrix, tmp_p
     suite.mkdir()
     (suite / "test_x.py").write_text(
         "import time\n"
-        "from maxtext_compat import envmemory\n"
+        "from maxtext_compat.runner import memory as envmemory\n"
         "def hold(mb):\n"
         "    held = bytearray(mb * 2**20)\n"
         "    held[::4096] = b'x' * len(held[::4096])\n"

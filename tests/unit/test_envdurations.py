@@ -9,8 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.shipped import ci_matrix
-from maxtext_compat import env_runner, envdurations
-from maxtext_compat.envdurations import Recorded
+from maxtext_compat.runner import caches
+from maxtext_compat.runner import durations as envdurations
+from maxtext_compat.runner import running as env_runner
+from maxtext_compat.runner.durations import Recorded
 
 REPO = Path(__file__).resolve().parents[2]  # this checkout
 names = st.text("abcdefgh-0123456789.", min_size=1, max_size=12)
@@ -65,7 +67,7 @@ def test_a_fresh_machine_plans_the_cold_figures_and_shards_always_do(tmp_path, m
     when warm is the longest when cold, and runs first."""
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"a": {"cold": 100, "warm": 90}, "b": {"cold": 300, "warm": 60}, "c": {"warm": 10}}))
-    monkeypatch.setenv(env_runner.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
+    monkeypatch.setenv(caches.COMPILE_CACHE_VAR, str(tmp_path / "cc"))
     fresh = env_runner.expected_durations(path)
     assert fresh == {"a": 100.0, "b": 300.0, "c": 10.0}
     assert env_runner.schedule(["a", "b", "c"], fresh) == ["b", "a", "c"]

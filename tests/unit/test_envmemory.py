@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from maxtext_compat import envmemory
 from maxtext_compat.errors import InvalidArgumentError
+from maxtext_compat.runner import memory as envmemory
 
 pytestmark = pytest.mark.envs("unit")
 
@@ -176,7 +176,7 @@ time.sleep(float(sys.argv[2]))
 
 ENTER = """
 import os, sys
-from maxtext_compat import envmemory
+from maxtext_compat.runner import memory as envmemory
 waited = envmemory.enter_heavy_phase()
 print(f"{waited:.2f}", flush=True)
 assert envmemory.enter_heavy_phase() == 0.0  # held already: at once

@@ -16,9 +16,9 @@ import yaml
 from env_specs import tiny_spec
 
 from helpers.shipped import REPO, ci_matrix, lowest_claimed_python
-from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError
 from maxtext_compat.matrix.environments import WheelsForPython
+from maxtext_compat.runner import envs
 
 pytestmark = [
     pytest.mark.envs("unit"),  # builds throwaway environments and a wheel: once per matrix run is enough
@@ -112,7 +112,7 @@ def test_wheel_ships_the_matrix_and_finds_it_without_the_repo(tmp_path):
         [str(venv / "bin" / "python"), "-c",
          "import maxtext_compat as m; x = m.load_matrix(); print(x.source); "
          "print(m.resolve({'maxtext': '0.2.5'}).convention); "
-         "from maxtext_compat import workspace; "
+         "from maxtext_compat.runner import workspace; "
          "print(len(x.environments), x.pin_set('0.2.5').name, workspace.checkout_root())"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip

@@ -27,9 +27,9 @@ import yaml
 from env_specs import tiny_spec
 
 from helpers.shipped import REPO, combined_doc
-from maxtext_compat import envs
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError, MatrixError
 from maxtext_compat.matrix import EnvironmentSpec, parse_matrix
+from maxtext_compat.runner import envs
 
 SRC = REPO / "src"
 HAS_UV = shutil.which("uv") is not None
@@ -254,7 +254,7 @@ def test_leftovers_of_a_killed_build_are_removed_by_the_next_build_of_that_envir
 
 CHILD = """
 import json, sys
-from maxtext_compat import envs
+from maxtext_compat.runner import envs
 from maxtext_compat.matrix import EnvironmentSpec
 d = json.loads(sys.argv[1])
 spec = EnvironmentSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})

@@ -7,8 +7,8 @@ import warnings
 
 import pytest
 
-from maxtext_compat import installed, resolver
 from maxtext_compat.errors import UnknownReleaseWarning
+from maxtext_compat.resolution import installed, resolver
 from maxtext_compat.versions import hypothetical_versions
 
 pytestmark = pytest.mark.envs("unit")

@@ -28,13 +28,9 @@ LAYER_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
             "_version",
             "_lazy",
             "errors",
-            "progress",
-            "xla_flags",
             "switches",
             "platforms",
             "names",
-            "envmemory",
-            "envdurations",
             "atomic_file",
             "tempdirs",
             "locks",
@@ -43,33 +39,25 @@ LAYER_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
         "foundations, importing only each other: errors, settings read from the environment, locks, the contract",
     ),
     (("versions",), "the installed distributions"),
-    (("matrix", "defects"), "compat_matrix.yaml as typed rows"),
-    (("probes", "resolver", "installed", "installed_kernel"), "which row is installed"),
+    (("matrix",), "compat_matrix.yaml as typed rows"),
+    (("resolution",), "which row is installed, its probed facts and known defects"),
     (("convention",), "the call rule: what a call means on each release (no kernel, no patching engine)"),
     (("patching",), "the patching engine: transactions, the ledger, profiles (no MaxText import: hooks)"),
     (("kernel", "paged"), "tpu-inference's kernel dispatch and the paged KV cache it reads"),
     (("cpu",), "the TPU-only pieces on a CPU; production code never imports them (the kernel takes a hook)"),
-    (("write_path", "backport"), "a writing new call below the rule: its checks, and the 0.1.0 backport's kernel"),
+    (("backport",), "a writing new call below the rule: its checks, and the 0.1.0 backport's kernel"),
     (("adapters", "shims", "serving_fixes"), "the faces users know, and the serving stack's request fixes"),
-    (("weights", "decode", "serving", "convert"), "serving, weights, the in-process decode loops"),
+    (("decode", "serving", "convert"), "serving, checkpoints and weights, the in-process decode loops"),
     (
         (
             "testing",
             "migrate",
             "doctor",
             "demo",
-            "demo_outcome",
-            "demo_all",
-            "serve_cli",
-            "vllm_plugin",
+            "serve",
             "pytest_plugin",
-            "pinsets",
-            "workspace",
-            "envs",
-            "selfwheel",
-            "nox",
+            "runner",
             "report",
-            "env_runner",
             "cli",
             "_moved",
         ),
@@ -195,9 +183,11 @@ def test_no_module_is_over_about_500_lines():
 def test_the_checker_sees_what_it_must():
     """The graph reader itself: it must find a lazy import, a TYPE_CHECKING one and an importlib literal."""
     lazy = GRAPH["maxtext_compat.adapters.wrapper"]  # imports installed_row inside a function
-    assert "maxtext_compat.installed" in lazy
-    assert "maxtext_compat.resolver" in GRAPH["maxtext_compat.patching.profiles"]  # TYPE_CHECKING + in a function
-    assert "maxtext_compat.shims.maxtext_profiles" in GRAPH["maxtext_compat.vllm_plugin"]  # importlib literal
+    assert "maxtext_compat.resolution.installed" in lazy
+    assert (
+        "maxtext_compat.resolution.resolver" in GRAPH["maxtext_compat.patching.profiles"]
+    )  # TYPE_CHECKING + in a function
+    assert "maxtext_compat.shims.maxtext_profiles" in GRAPH["maxtext_compat.serve.vllm_plugin"]  # importlib literal
     assert layer_of("maxtext_compat.shims.maxtext_profiles") > layer_of("maxtext_compat.patching.profiles")
 
 
@@ -249,7 +239,7 @@ def test_every_folder_sits_on_one_layer():
 
 
 # Who may import the CPU stand-ins: the entry points that decide to install them, and the test kit.
-CPU_USERS = ("doctor", "demo", "serve_cli", "vllm_plugin", "testing", "cpu")
+CPU_USERS = ("doctor", "demo", "serve", "testing", "cpu")
 
 
 def test_production_code_never_imports_the_cpu_stand_ins():

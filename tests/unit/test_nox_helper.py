@@ -1,4 +1,4 @@
-"""maxtext_compat.nox registers the sessions a downstream noxfile asks for, and each installs what `pins` names.
+"""maxtext_compat.runner.nox registers the sessions a downstream noxfile asks for, and each installs what `pins` names.
 
 Why nox's own machinery: the session list a user sees is what `nox --list` prints from their noxfile, so the
 noxfile is read by nox in a child process. What one session installs is checked on a stand-in for nox's
@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 from helpers.shipped import REPO, shipped_matrix
-from maxtext_compat import pinsets
 from maxtext_compat.errors import MatrixError
-from maxtext_compat.nox import compat_sessions
+from maxtext_compat.runner import pinsets
+from maxtext_compat.runner.nox import compat_sessions
 
 pytestmark = pytest.mark.envs("unit")
 
 
 def _nox(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
     noxfile = tmp_path / "noxfile.py"
-    noxfile.write_text(f"from maxtext_compat.nox import compat_sessions\n\n{body}\n", encoding="utf-8")
+    noxfile.write_text(f"from maxtext_compat.runner.nox import compat_sessions\n\n{body}\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("MAXTEXT_COMPAT_MATRIX", "PYTHONPATH")}
     return subprocess.run([sys.executable, "-m", "nox", "-f", str(noxfile), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_compat import cli, pinsets, workspace
+from maxtext_compat import cli
+from maxtext_compat.runner import pinsets, workspace
 
 pytestmark = pytest.mark.envs("unit")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import crossrun
-from maxtext_compat import envs
+from maxtext_compat.runner import envs
 
 PARTNER = "tpu-inference-0.26.0"  # the smallest environment: a real build of it takes seconds
 

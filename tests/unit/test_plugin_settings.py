@@ -145,7 +145,7 @@ def test_a_worker_that_differs_from_the_engine_is_refused() -> None:
 
 def _caller(module: str, name: str, config: Any) -> Any:
     """A function named like vLLM's caller, in a module named like its, that calls `engine_config_of_caller`."""
-    from maxtext_compat import vllm_plugin
+    from maxtext_compat.serve import vllm_plugin
 
     scope: dict[str, Any] = {"__name__": module, "plugin": vllm_plugin}
     exec(f"def {name}(vllm_config):\n    return (lambda: plugin.engine_config_of_caller())()", scope)
@@ -160,7 +160,7 @@ def test_the_plugin_finds_the_engine_config_in_vllms_callers() -> None:
 
 
 def test_the_engine_writes_its_fingerprint_and_a_differing_worker_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from maxtext_compat import vllm_plugin
+    from maxtext_compat.serve import vllm_plugin
 
     _clean(monkeypatch)
     monkeypatch.setenv("MAXTEXT_COMPAT_RPA_KERNEL", "pallas")
@@ -196,7 +196,7 @@ def test_an_engine_core_forked_after_set_up_takes_the_config_only_where_it_agree
     """vLLM's fork start method: the engine core inherits the parent's patches and vLLM does not load the plugin in
     it again. The config's settings must then be what the parent set up with (ServingConfigError naming the setting,
     both values and the fix otherwise); when they are, the forked engine writes its fingerprint for the workers."""
-    from maxtext_compat import vllm_plugin
+    from maxtext_compat.serve import vllm_plugin
 
     _clean(monkeypatch)
     parent = vllm_plugin.PluginState(True, "compat", "set up", pid=1, settings=settings.effective())
@@ -222,7 +222,7 @@ def test_the_process_that_starts_the_engines_passes_the_configs_settings_on(monk
     engine cores and API servers, which inherit it; a contradicting variable is refused as in any process."""
     import os
 
-    from maxtext_compat import vllm_plugin
+    from maxtext_compat.serve import vllm_plugin
 
     _clean(monkeypatch)
     monkeypatch.setattr(vllm_plugin, "_STATE", vllm_plugin.PluginState(True, "compat", "", pid=os.getpid(),

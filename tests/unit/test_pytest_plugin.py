@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from maxtext_compat.probes import detect_import_root
+from maxtext_compat.resolution.probes import detect_import_root
 
 # Its outcomes differ with an installed MaxText: runs in every environment.
 pytestmark = pytest.mark.every_env
@@ -104,7 +104,7 @@ def _regex(pattern: str) -> str:
 def _installed() -> str | None:
     import warnings
 
-    from maxtext_compat.resolver import resolve
+    from maxtext_compat.resolution.resolver import resolve
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

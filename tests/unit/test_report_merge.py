@@ -13,12 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maxtext_compat import env_runner, pinsets
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import load_matrix
 from maxtext_compat.report.grid import build_grid
 from maxtext_compat.report.merge import merge
 from maxtext_compat.report.results import EnvResult, write_reports
+from maxtext_compat.runner import pinsets
+from maxtext_compat.runner import running as env_runner
 
 pytestmark = pytest.mark.envs("unit")
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from helpers.shipped import ci_matrix
-from maxtext_compat import env_runner
 from maxtext_compat.errors import CompatError
 from maxtext_compat.report import browser, evidence, grid
-from maxtext_compat.resolver import resolve
+from maxtext_compat.resolution.resolver import resolve
+from maxtext_compat.runner import running as env_runner
 
 pytestmark = pytest.mark.envs("unit")
 

@@ -17,7 +17,7 @@ from maxtext_compat.errors import (
     ResolutionError,
     UnknownReleaseWarning,
 )
-from maxtext_compat.probes import Finding, ProbeReport
+from maxtext_compat.resolution.probes import Finding, ProbeReport
 
 MATRIX = shipped_matrix()
 
@@ -288,7 +288,7 @@ def _mismatching_report():
 
 def test_probe_mismatch_warns_by_default_and_raises_in_strict_mode(mocker):
     _fake_metadata(mocker, {"maxtext": FakeDist("maxtext", "0.2.5")})
-    mocker.patch("maxtext_compat.resolver.probe_static", return_value=_mismatching_report())
+    mocker.patch("maxtext_compat.resolution.resolver.probe_static", return_value=_mismatching_report())
     with pytest.warns(UserWarning, match="disagrees with the installed MaxText"):
         res = resolve(matrix=MATRIX)
     assert res.probe is not None and not res.probe.ok

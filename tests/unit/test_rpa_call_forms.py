@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from maxtext_compat.errors import KernelUnavailableError
-from maxtext_compat.installed_kernel import first_release_with
 from maxtext_compat.kernel.rpa import call_rpa, check_features, plan_call
 from maxtext_compat.matrix import load_matrix
+from maxtext_compat.resolution.installed_kernel import first_release_with
 
 ROWS = load_matrix().tpu_inference
 NAMES = ("mesh", "q", "k", "v", "kv_cache", "kv_lens", "page_indices", "cu_q_lens", "distribution")
@@ -114,8 +114,8 @@ def test_unknown_row_parameters_are_refused():
 def test_each_row_metadata_class_takes_the_fields_we_fill(row, mocker):
     """Every release's AttentionMetadata has the five fields the builder fills, and is loaded from the
     module and class the row names (the import is mocked: only 0.32.0 is installed)."""
-    from maxtext_compat.installed_kernel import attention_metadata_class
     from maxtext_compat.paged.metadata import ATTENTION_METADATA_FIELDS
+    from maxtext_compat.resolution.installed_kernel import attention_metadata_class
 
     assert set(ATTENTION_METADATA_FIELDS.values()) <= set(row.metadata.fields)
     assert not set(row.metadata.fields) & set(row.metadata.meta_fields)
@@ -137,7 +137,7 @@ def test_each_row_metadata_class_takes_the_fields_we_fill(row, mocker):
 )
 def test_missing_tpu_inference_names_the_release_that_fits_the_installed_maxtext(maxtext, want, mocker):
     """MaxText 0.2.0/0.2.1 need tpu-inference < 0.20: the fix must not send them to the newest vllm-tpu."""
-    from maxtext_compat import installed_kernel
+    from maxtext_compat.resolution import installed_kernel
     from maxtext_compat.versions import DistInfo
 
     versions = {} if maxtext is None else {"maxtext": DistInfo("maxtext", maxtext)}

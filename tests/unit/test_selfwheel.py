@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers.shipped import REPO
-from maxtext_compat.selfwheel import self_install_args
+from maxtext_compat.runner.selfwheel import self_install_args
 
 pytestmark = [
     pytest.mark.envs("unit"),  # builds a wheel and throwaway environments: once per matrix run is enough
@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 SELF_ARGS = (
-    "import json, sys\nfrom pathlib import Path\nfrom maxtext_compat.selfwheel import self_install_args\n"
+    "import json, sys\nfrom pathlib import Path\nfrom maxtext_compat.runner.selfwheel import self_install_args\n"
     "print(json.dumps(self_install_args(Path(sys.argv[1]))))"
 )
 # Written by the installer (uv adds uv_cache.json), so never the same in two installs.

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_compat import serve_cli
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError
+from maxtext_compat.serve import command as serve_cli
 from maxtext_compat.serving.serve_inputs import check_model_dir, int_setting, parse_additional_config, positive_int
 
 ARCH = {"architectures": ["MaxTextForCausalLM"]}

@@ -205,7 +205,7 @@ SEED_FLAGS = [
 
 
 def _cmd(argv: list[str], environ: dict[str, str]) -> object:
-    from maxtext_compat import serve_cli
+    from maxtext_compat.serve import command as serve_cli
 
     ns, rest = serve_cli.build_parser().parse_known_args(["--vllm-bin", "vllm", *argv])
     return serve_cli.build_command(ns, rest, environ=environ)
@@ -380,7 +380,7 @@ def test_cpu_shim_switches(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plugin_skips_cleanly_without_the_serving_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from maxtext_compat import vllm_plugin
+    from maxtext_compat.serve import vllm_plugin
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "tpu_inference" else real(n, *a))

@@ -586,7 +586,7 @@ def test_default_profile_chooser_gets_the_resolution(fake: Fake):
 
 
 def test_default_profile_resolves_the_install_when_not_given(mocker):
-    from maxtext_compat import installed
+    from maxtext_compat.resolution import installed
 
     res = types.SimpleNamespace(convention="legacy")
     found = installed.InstalledResolution(res, ())  # type: ignore[arg-type]

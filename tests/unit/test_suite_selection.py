@@ -76,7 +76,7 @@ def test_the_first_heavy_test_takes_the_gate_and_light_ones_do_not(suite, monkey
     import fcntl
     import os
 
-    from maxtext_compat import envmemory
+    from maxtext_compat.runner import memory as envmemory
 
     lock = tmp_path / "gate" / envmemory.SHARED_LOCK
     lock.parent.mkdir()

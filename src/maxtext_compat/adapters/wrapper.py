@@ -34,7 +34,7 @@ _DECLARING: dict[tuple[type, str], type] = {}
 def _row(row: MaxTextRow | None) -> MaxTextRow:
     if row is not None:
         return row
-    from maxtext_compat.installed import installed_row
+    from maxtext_compat.resolution.installed import installed_row
 
     return installed_row(warn_unknown=True)  # an unknown release warns, as the README says
 

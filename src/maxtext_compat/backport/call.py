@@ -11,8 +11,8 @@ from maxtext_compat.backport.session import kv_session
 from maxtext_compat.convention.kinds import KINDS
 from maxtext_compat.convention.translate import Translated, describe
 from maxtext_compat.errors import BackportError
-from maxtext_compat.installed_kernel import installed_rpa
 from maxtext_compat.matrix import MaxTextRow
+from maxtext_compat.resolution.installed_kernel import installed_rpa
 
 
 def backport_call(

@@ -104,6 +104,6 @@ class LazyType:
 LAZY_TYPES: dict[str, LazyType] = {
     "Mesh": LazyType("jax.sharding", "Mesh"),
     "NamedSharding": LazyType("jax.sharding", "NamedSharding"),
-    "Resolution": LazyType("maxtext_compat.resolver", "Resolution"),
+    "Resolution": LazyType("maxtext_compat.resolution.resolver", "Resolution"),
     "CompatMatrix": LazyType("maxtext_compat.matrix.types", "CompatMatrix"),
 }

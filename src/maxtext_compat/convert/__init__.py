@@ -3,7 +3,7 @@
     from maxtext_compat import convert
     result = convert.convert("model.gguf", "out/")   # vLLM model dir + MaxText checkpoint (all or nothing)
     ckpt = convert.read_gguf("model.gguf")           # a Llama-family file: Hugging Face-named float32 tensors + shape
-    flat = convert.to_maxtext(ckpt)                   # {path: array} for weights.load_params
+    flat = convert.to_maxtext(ckpt)                   # {path: array} for serving.param_trees.load_params
     cfg_overrides = convert.maxtext_overrides(ckpt.shape)
 
 Importing this package imports neither jax nor MaxText (gguf and tokenizers load on use).

@@ -278,10 +278,10 @@ def convert_trained(
 ) -> Any:
     """MaxText's training checkpoint at `source` (trained with `overrides`) -> the model directory `out`; all or
     nothing. Returns a ConversionResult."""
-    from maxtext_compat import weights
     from maxtext_compat.convert.job import CHECKPOINT_DIR, WEIGHT_DTYPES, ConversionResult, check_out, put_in_place
     from maxtext_compat.convert.vllm_dir import dump
-    from maxtext_compat.installed import installed_row
+    from maxtext_compat.resolution.installed import installed_row
+    from maxtext_compat.serving import param_trees
     from maxtext_compat.serving.backend import backend_for
     from maxtext_compat.serving.model_dir import MAXTEXT_CONFIG, hf_config
 
@@ -300,7 +300,7 @@ def convert_trained(
     flat = read_params(found.items)
     check_trained_config(flat, trained_cfg)
     if bool(trained_cfg.scan_layers):
-        flat = weights.unscan_params(flat, trained_cfg)
+        flat = param_trees.unscan_params(flat, trained_cfg)
     served = served_overrides(trained, trained_cfg, weight_dtype)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))

@@ -41,13 +41,13 @@ def write_maxtext_checkpoint(
     ckpt: Checkpoint, path: str, *, scan_layers: bool = False, weight_dtype: str = "float32"
 ) -> str:
     """Write `ckpt` at `path` for the installed MaxText; returns the `load_parameters_path`."""
-    from maxtext_compat import weights
-    from maxtext_compat.installed import installed_row
+    from maxtext_compat.resolution.installed import installed_row
+    from maxtext_compat.serving import param_trees
     from maxtext_compat.serving.backend import backend_for
 
     backend = backend_for(installed_row())
     cfg = backend.base_config(checkpoint_overrides(ckpt, scan_layers=scan_layers, weight_dtype=weight_dtype))
     flat = to_maxtext(ckpt)
     if scan_layers:
-        flat = weights.scan_params(flat, num_layers=ckpt.shape.layers, scan_axis=int(cfg.param_scan_axis))
+        flat = param_trees.scan_params(flat, num_layers=ckpt.shape.layers, scan_axis=int(cfg.param_scan_axis))
     return backend.save_checkpoint(cfg, path, params=flat)

@@ -70,14 +70,10 @@ class CpuKernelShim(Shim):
     name = PROFILE
     description = "the real RPA kernel on a CPU: Pallas TPU interpret mode, CPU block sizes, interpreter views"
 
-    def __init__(self, *, force: bool = False, clear_caches: bool = False) -> None:
-        from maxtext_compat.matrix import load_matrix
+    # matrix cpu_shim.verified_jax (checked exactly in applies()) and verified_tpu_inference lie inside
+    verified_for = (names.CPU_JAX_RELEASES, names.TPU_INFERENCE_RELEASES)
 
-        shim = load_matrix().cpu_shim
-        self.verified_for = (
-            f"jax {', '.join(shim.verified_jax)} (matrix cpu_shim.verified_jax)",
-            f"tpu-inference {', '.join(shim.verified_tpu_inference)} (its kernel's block sizes)",
-        )
+    def __init__(self, *, force: bool = False, clear_caches: bool = False) -> None:
         self.force, self.clear_caches = force, clear_caches
         self.jax_version = ""
         self.jax_verified = False
@@ -85,6 +81,10 @@ class CpuKernelShim(Shim):
         self.block_sizes: str | None = None
         self.block_settings: list[Setting] = []
         self.patches: tuple[str, ...] = ()
+
+    def install(self, *, stack: bool = False, force: bool = False) -> ShimStatus:
+        """`CpuKernelShim(force=True).install()` forces the base's range check too."""
+        return super().install(stack=stack, force=force or self.force)
 
     def applies(self) -> str | None:
         import jax

@@ -80,7 +80,7 @@ def dense_greedy(
             fix=f"pass seq_len >= {need}, or leave it out (None) to size it from the prompts and num_steps",
         )
     if context is None:
-        from maxtext_compat.installed import mesh_context
+        from maxtext_compat.resolution.installed import mesh_context
 
         context = lambda: mesh_context(cfg, model.mesh)  # noqa: E731
     n = len(prompts_t)

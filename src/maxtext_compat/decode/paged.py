@@ -164,7 +164,7 @@ class PagedEngine:
             )
         self.buckets = buckets
         if context is None:
-            from maxtext_compat.installed import mesh_context
+            from maxtext_compat.resolution.installed import mesh_context
 
             row, cfg, mesh = self.row, self.config, model.mesh
             context = lambda: mesh_context(cfg, mesh, row=row)  # noqa: E731
@@ -186,7 +186,8 @@ class PagedEngine:
                 argument="config.scan_layers",
                 expected="False (MaxText's configs/inference/vllm.yml sets it)",
                 found=True,
-                fix="build the model with scan_layers=False and load maxtext_compat.weights.unscan_params(...)",
+                fix="build the model with scan_layers=False and load "
+                "maxtext_compat.serving.param_trees.unscan_params(...)",
             )
         modes = self.row.vllm.attention_modes if self.row.vllm else ()
         if self.row.has_kv_params and cfg.attention not in modes:

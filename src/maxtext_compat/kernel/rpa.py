@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 from maxtext_compat.contract import Array, checked
 from maxtext_compat.errors import KernelUnavailableError
-from maxtext_compat.installed_kernel import (
+from maxtext_compat.locks import fork_safe_lock
+from maxtext_compat.matrix import TpuInferenceRow
+from maxtext_compat.paged.checks import Scale, SoftCap, Window
+from maxtext_compat.paged.metadata import Metadata, metadata_arrays
+from maxtext_compat.resolution.installed_kernel import (
     entry_point,
     first_release_with,
     installed_rpa,
     row_label,
 )
-from maxtext_compat.locks import fork_safe_lock
-from maxtext_compat.matrix import TpuInferenceRow
-from maxtext_compat.paged.checks import Scale, SoftCap, Window
-from maxtext_compat.paged.metadata import Metadata, metadata_arrays
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Literal
 
 from packaging.specifiers import SpecifierSet
@@ -413,6 +415,10 @@ class CompatMatrix:
     pin_sets: Annotated[Mapping[str, EnvironmentSpec], Yaml(later=True)] = field(default_factory=dict)
     environments: Annotated[Mapping[str, EnvironmentSpec], Yaml(later=True)] = field(default_factory=dict)
     dev_builds: Annotated[Mapping[str, DevBuildRelation], Yaml(keys=DEV_BUILD_PACKAGES)] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """What identifies the facts a run used: the matrix file's bytes (shards of one run must share it)."""
+        return hashlib.sha256(Path(self.source).read_bytes()).hexdigest()[:16]
 
     def comparable(self, package: str, version: str | Version) -> Version | None:
         """The version to match rows with: a dev build of an `after_release` package is its named release."""

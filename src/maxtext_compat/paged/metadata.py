@@ -155,7 +155,7 @@ class RaggedMetadata:
         import jax.numpy as jnp
 
         if cls is None:
-            from maxtext_compat.installed_kernel import attention_metadata_class
+            from maxtext_compat.resolution.installed_kernel import attention_metadata_class
 
             cls = attention_metadata_class()
         a = self.arrays()

@@ -31,7 +31,7 @@ from maxtext_compat.patching import PatchSet, PatchSpec, Setting, traced
 from maxtext_compat.patching.registry import REGISTRY, Declarations, Profile, ProfileBuilder, ProfileChooser
 
 if TYPE_CHECKING:
-    from maxtext_compat.resolver import Resolution
+    from maxtext_compat.resolution.resolver import Resolution
 
 __all__ = [
     "Profile",
@@ -184,7 +184,7 @@ def default_profile(resolution: Resolution | None = None) -> str | None:
             fix="pass install(profile=...) with one of the registered profiles",
         )
     if resolution is None:
-        from maxtext_compat.installed import installed_resolution
+        from maxtext_compat.resolution.installed import installed_resolution
 
         found = installed_resolution(probe=True)  # the probe checks the row against the installed source
         found.show(at_call_site=True)  # the user's line, past the API's argument checks
@@ -208,14 +208,14 @@ def install(
     stack: bool = False,
     resolution: Resolution | None = None,
     convention: str | None = None,
+    force: bool = False,
 ) -> PatchSet | None:
     """Install `profile` (or the chooser's pick) in this process; all of its patches or none.
 
-    A no-op returning the active PatchSet when it is already installed. `stack=True` wraps
-    targets someone else already wrapped instead of raising PatchConflictError. Returns
-    None only when the chooser decided no shim is needed. `convention` declares what this
-    process's code expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see
-    maxtext_compat.convention.callers) until the profile is uninstalled.
+    A no-op returning the active PatchSet when it is already installed. `stack=True` wraps targets someone else
+    already wrapped instead of raising PatchConflictError; `force=True` installs a shim outside its `verified_for`.
+    Returns None only when the chooser decided no shim is needed. `convention` declares what this process's code
+    expects from MaxText's classes ('legacy', 'kv_return' or 'auto', see convention.callers) until it is removed.
 
     >>> from maxtext_compat import shims; shims.register_profile("empty", lambda: [], replace=True)
     >>> patch_set = shims.install("empty"); assert shims.install("empty") is patch_set  # idempotent
@@ -255,15 +255,20 @@ def install(
     try:
         for n in names:
             was = n in REGISTRY.installed
-            sets[n] = _install(n, stack)
+            got = _install_named(n, stack, force)
+            if got is None:  # a shim whose applies() says it does not apply here: its status says why
+                continue
+            sets[n] = got
             if not was:
                 installed_now.append(n)
     except BaseException:
         for n in reversed(installed_now):  # all or nothing: the profile installed before the failure goes too
             uninstall(n, force=True)
         raise
+    if names[0] not in sets:
+        return None
     with patching.LOCK:
-        REGISTRY.explicit.update(names)  # installed for good: a `with patched()` block leaving does not remove them
+        REGISTRY.explicit.update(sets)  # installed for good: a `with patched()` block leaving does not remove them
     if convention is not None and decl is not None:
         # The declaration lives as long as the profile that carries the rule: the companion when one was
         # needed (without it the declaration reaches nothing), else the profile itself.
@@ -273,6 +278,33 @@ def install(
         if companion is not None and name is not None and companion in installed_now:
             REGISTRY.companion_of[name] = companion  # uninstalling the profile removes what it brought
     return sets[names[0]]
+
+
+def _install_named(name: str, stack: bool, force: bool = False) -> PatchSet | None:
+    """One door: a profile a `Shim` owns installs through `Shim.install` (its applies(), facts() and
+    installed_now() run as when the shim is installed itself); None when its applies() says it does not apply.
+    A profile registered over a shim's name (`register_profile(name, ..., replace=True)`) is that builder's, not the
+    shim's: it installs as a plain profile."""
+    with patching.LOCK:
+        owner = REGISTRY.shims.get(name)
+        prof = REGISTRY.profiles.get(name)
+    if owner is None or prof is None or prof.builder != owner.specs:
+        return _install(name, stack)
+    status = owner.install(stack=stack, force=force)
+    if not status.active:
+        log.info("maxtext-compat: shim %r does not apply here: %s", name, status.reason)
+        return None
+    with patching.LOCK:
+        return REGISTRY.installed.get(name)
+
+
+def install_patch_set(name: str, *, stack: bool = False) -> PatchSet:
+    """Install the registered profile `name` as one transaction, for good: the engine's step of `Shim.install`,
+    after the shim's own checks (a user installs by name through `install`, which comes back to the shim)."""
+    patch_set = _install(name, stack)
+    with patching.LOCK:
+        REGISTRY.explicit.add(name)
+    return patch_set
 
 
 def set_declarations(declarations: Declarations | None) -> Declarations | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from maxtext_compat.contract import checked
 
 if TYPE_CHECKING:
-    from maxtext_compat.resolver import Resolution
+    from maxtext_compat.resolution.resolver import Resolution
 
 # Nothing here imports the rest of the engine (its modules all read this one): the values are typed loosely.
 

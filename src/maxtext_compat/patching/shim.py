@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from maxtext_compat.errors import ShimRefusedError
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.patching import profiles
 from maxtext_compat.patching.registry import REGISTRY
@@ -21,11 +22,14 @@ from maxtext_compat.patching.settings import Setting
 from maxtext_compat.patching.spec import PatchSpec
 from maxtext_compat.patching.state import LOCK
 from maxtext_compat.patching.transaction import PatchSet
+from maxtext_compat.versions import unmet
 
 # Serializes whole shim installs and removals (a shim's checks, its registration and its transaction belong
 # together); the engine's LOCK guards the state inside. Made by maxtext_compat.locks: taken around fork.
 LIFECYCLE = fork_safe_lock()
 NOT_ASKED = "not installed in this process"  # the status of a shim nobody asked for (or removed since)
+# The entry point group every installed distribution declares its shims under (name = "module:ShimClass").
+ENTRY_POINTS = "maxtext_compat.shims"
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,24 @@ class ShimStatus:
 
 class Shim:
     """A named patch set with one lifecycle. Subclasses write `specs()` and, where they need them, `applies()`,
-    `facts()`, `installed_now()` and `removed()`; `install()`, `uninstall()` and `status()` are written here."""
+    `facts()`, `installed_now()` and `removed()`; `install()`, `uninstall()` and `status()` are written here.
+
+    >>> from maxtext_compat import shims
+    >>> class Quiet(shims.Shim):
+    ...     name = "quiet"
+    ...     def specs(self):
+    ...         return []  # PatchSpecs and Settings; see shims.PatchSpec
+    >>> Quiet().install().active, shims.install("quiet") is not None  # by name: the same shim, the same door
+    (True, True)
+    >>> Quiet().uninstall(); shims.unregister_profile("quiet")
+    []
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
-    verified_for: tuple[str, ...] = ()  # what the patched code was verified on, e.g. "tpu-inference 0.32.0"
+    # The releases the patched code was verified on, as requirement strings ("maxtext>=0.2,<0.3"): `install()` refuses
+    # an installed distribution outside them (ShimRefusedError) unless force=True; doctor lists them.
+    verified_for: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ what a subclass says
 
@@ -90,18 +107,22 @@ class Shim:
 
     # ------------------------------------------------------------------ written once
 
-    def install(self) -> ShimStatus:
+    def install(self, *, stack: bool = False, force: bool = False) -> ShimStatus:
         """Install this shim in this process, all of it or nothing; idempotent (an installed shim of the same
-        name answers with its status)."""
+        name answers with its status). `shims.install(name)` of a registered shim comes here too; `stack=True`
+        wraps targets another patcher wrapped instead of raising PatchConflictError. An installed distribution
+        outside `verified_for` is refused (ShimRefusedError naming it, its version and the range); `force=True`
+        installs anyway."""
         with LIFECYCLE:
             if profiles.installed(self.name):
                 return status_of(self.name)
             why = self.applies()
             if why is not None:
                 return self._record(ShimStatus(self.name, False, why, (), self.verified_for, dict(self.facts())))
+            if not force:
+                self._refuse_unverified()
             register(self)
-            patch_set = profiles.install(self.name)
-            assert patch_set is not None  # a named profile always installs
+            patch_set = profiles.install_patch_set(self.name, stack=stack)
             try:
                 self.installed_now(patch_set)
             except BaseException:
@@ -118,6 +139,20 @@ class Shim:
 
     def status(self) -> ShimStatus:
         return status_of(self.name)
+
+    def _refuse_unverified(self) -> None:
+        """ShimRefusedError for the first installed distribution outside `verified_for` (recorded as the status)."""
+        for wanted, dist, found in unmet(self.verified_for):
+            err = ShimRefusedError(
+                f"shim {self.name!r} is verified for {wanted} and {dist} {found} is installed",
+                argument=dist,
+                expected=wanted,
+                found=found,
+                fix=f"install {wanted}, or try it anyway: shims.install({self.name!r}, force=True) "
+                f"(or {type(self).__name__}().install(force=True))",
+            )
+            self._record(ShimStatus(self.name, False, f"refused: {err.message}", (), self.verified_for))
+            raise err
 
     def _record(self, st: ShimStatus) -> ShimStatus:
         with LOCK:
@@ -179,3 +214,22 @@ def statuses() -> list[ShimStatus]:
     with LOCK:
         names = {*REGISTRY.shims, *REGISTRY.statuses, *REGISTRY.installed}
     return [status_of(n) for n in sorted(names)]
+
+
+def listed() -> list[ShimStatus]:
+    """`statuses()` and every shim an installed distribution declares under ENTRY_POINTS that this process has not
+    met (not installed, with its class's verified range): what `doctor` lists in any process, a fresh one too.
+    A declared shim whose class does not load is listed with why."""
+    from importlib.metadata import entry_points
+
+    found = {st.name: st for st in statuses()}
+    for ep in entry_points(group=ENTRY_POINTS):
+        if ep.name in found:  # met here, or declared twice (an editable install beside a built one)
+            continue
+        try:
+            verified = tuple(ep.load().verified_for)
+        except Exception as err:  # a broken third-party declaration must not take the listing down
+            found[ep.name] = ShimStatus(ep.name, False, f"cannot load {ep.value}: {type(err).__name__}: {err}")
+            continue
+        found[ep.name] = ShimStatus(ep.name, False, NOT_ASKED, (), verified)
+    return [found[n] for n in sorted(found)]

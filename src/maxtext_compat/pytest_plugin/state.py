@@ -15,7 +15,7 @@ from maxtext_compat.errors import ResolutionError
 
 if TYPE_CHECKING:
     from maxtext_compat.matrix import CompatMatrix, MaxTextRow
-    from maxtext_compat.resolver import Resolution
+    from maxtext_compat.resolution.resolver import Resolution
     from maxtext_compat.testing.tiny_models import TinyMaxText
 
 OPTION = "--maxtext-compat-row"
@@ -40,7 +40,7 @@ class PluginState:
 
     def check_forced(self) -> None:
         """Resolve the forced row (ResolutionError naming the rows when it is not one)."""
-        from maxtext_compat.resolver import resolve
+        from maxtext_compat.resolution.resolver import resolve
 
         assert self.forced is not None
         rows = self.matrix.maxtext
@@ -63,7 +63,7 @@ class PluginState:
     def installed(self) -> Resolution:
         """The installed versions' resolution (computed once; a resolver error is re-raised on every ask)."""
         if self._installed is None and self._installed_error is None:
-            from maxtext_compat.installed import installed_resolution
+            from maxtext_compat.resolution.installed import installed_resolution
 
             try:  # a nearest-row match is shown by installed_label(), not warned
                 self._installed = installed_resolution().resolution

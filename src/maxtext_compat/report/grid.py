@@ -97,7 +97,7 @@ def _first_release(t: TpuInferenceRow) -> str:
 
 def refusal(m: CompatMatrix, maxtext: str, t: TpuInferenceRow) -> str:
     """The resolver's message for MaxText `maxtext` with the first release of range `t`, or "" if it allows it."""
-    from maxtext_compat.resolver import resolve
+    from maxtext_compat.resolution.resolver import resolve
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -63,13 +63,11 @@ def merge(
                     found=f"{key} = {doc['run'].get(key)!r}",
                     fix="merge the shards of one run: same matrix, maxtext-compat release, project and selection",
                 )
-    from maxtext_compat import pinsets
-
-    if same["matrix"] != pinsets.fingerprint(m):
+    if same["matrix"] != m.fingerprint():
         raise InvalidArgumentError(
             f"the results in {first_folder} were made with another compat matrix than this maxtext-compat's",
             argument="--merge",
-            expected=f"matrix {pinsets.fingerprint(m)} ({m.source})",
+            expected=f"matrix {m.fingerprint()} ({m.source})",
             found=f"matrix {same['matrix']}",
             fix="merge with the maxtext-compat release the jobs ran (the report is drawn from its matrix)",
         )

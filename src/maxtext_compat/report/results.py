@@ -87,11 +87,10 @@ def write_reports(
 
     `claims`: this repository's run, which also says which rows only mocks cover (a user's run of the pin sets
     makes no such claim); `run`: what identifies the run (report.merge refuses to join different ones)."""
-    from maxtext_compat import pinsets
     from maxtext_compat._version import __version__
 
     data: dict[str, object] = {
-        "run": {"matrix": pinsets.fingerprint(m), "maxtext_compat": __version__, "claims": claims, **(run or {})},
+        "run": {"matrix": m.fingerprint(), "maxtext_compat": __version__, "claims": claims, **(run or {})},
         "envs": [{k: v for k, v in asdict(r).items() if k in REPORT_FIELDS} for r in results],
         "mocked_rows": [{"maxtext": name, "covered_by": MOCKED_MAXTEXT} for name in mocked_rows(m)] if claims else [],
         "mocked_tpu_inference_rows": [

@@ -144,7 +144,7 @@ class BackportBackend(NNXTransformerBackend):
                 expected="false",
                 found=True,
                 fix="drop scan_layers from maxtext_config; convert scanned checkpoints with "
-                "maxtext_compat.weights.unscan_params",
+                "maxtext_compat.serving.param_trees.unscan_params",
             )
         return cfg
 
@@ -212,13 +212,13 @@ class BackportBackend(NNXTransformerBackend):
         import jax
         from jax.sharding import Mesh
 
-        from maxtext_compat import weights
+        from maxtext_compat.serving import param_trees
 
         if mesh is None:
             mesh = Mesh(self._module("maxtext_utils").create_device_mesh(cfg), cfg.mesh_axes)
         model = self._build(cfg, mesh, jax.random.PRNGKey(seed), mesh)
         if params is not None:
-            weights.load_params(model, params, where=f"the MaxText {self.row.name} model of the config")
+            param_trees.load_params(model, params, where=f"the MaxText {self.row.name} model of the config")
         return serving_params.write(serving_params.params_tree(model), path, cfg)
 
     def dense_logits_fn(self, cfg: Any, mesh: Any) -> Callable[[Any], Any]:

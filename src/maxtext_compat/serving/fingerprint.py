@@ -74,7 +74,7 @@ def current(model: str | None = None, resolution: Any = None) -> Fingerprint:
 
     if resolution is None:
         from maxtext_compat.errors import CompatError
-        from maxtext_compat.resolver import resolve
+        from maxtext_compat.resolution.resolver import resolve
 
         try:
             resolution = resolve()

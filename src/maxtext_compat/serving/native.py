@@ -174,14 +174,14 @@ class NativeBackend(NNXTransformerBackend):
         import orbax.checkpoint as ocp
         from flax import nnx
 
-        from maxtext_compat import weights
+        from maxtext_compat.serving import param_trees
 
         if mesh is None:
             mesh = importlib.import_module("maxtext.utils.maxtext_utils").get_mesh_from_config(cfg)
         with self._ctx(cfg, mesh):
             model = self._from_pretrained(cfg, mesh, self._mode("train"), jax.random.PRNGKey(seed))
             if params is not None:
-                weights.load_params(model, params, where=f"the MaxText {self.row.name} model of the config")
+                param_trees.load_params(model, params, where=f"the MaxText {self.row.name} model of the config")
         transient = (nnx.RngState, nnx.Cache, nnx.Intermediate, nnx.BatchStat)
         params = nnx.state(model).filter(lambda _path, var: not isinstance(var, transient))
         tree = jax.tree.map(lambda v: {"value": v.get_value()}, params, is_leaf=lambda n: isinstance(n, nnx.Variable))

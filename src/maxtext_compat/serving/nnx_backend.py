@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from maxtext_compat import tempdirs
 from maxtext_compat.errors import ServingConfigError, ServingError
 from maxtext_compat.serving.backend import ServingBackend
-from maxtext_compat.xla_flags import keep_xla_flags
+from maxtext_compat.serving.xla_flags import keep_xla_flags
 
 # What a config for writing or reading a checkpoint needs on one host (no distributed system, no run logs).
 BASE_DEFAULTS: dict[str, Any] = {
@@ -39,7 +39,7 @@ class NNXTransformerBackend(ServingBackend):
 
     def _initialize_config(self, yml: str, values: dict[str, Any]) -> Any:
         """The release's pyconfig from `yml` (relative to its package) plus `values`, keeping XLA_FLAGS."""
-        from maxtext_compat.probes import package_dir
+        from maxtext_compat.resolution.probes import package_dir
 
         root = package_dir(self.row.import_root)
         if root is None:

@@ -14,7 +14,7 @@ from maxtext_compat.errors import ResolutionError
 from maxtext_compat.locks import fork_safe_lock
 
 if TYPE_CHECKING:
-    from maxtext_compat.resolver import Resolution
+    from maxtext_compat.resolution.resolver import Resolution
     from maxtext_compat.serving.backend import ServingBackend
 
 
@@ -42,7 +42,7 @@ def build_runtime(resolution: Resolution | None = None) -> ServingRuntime:
     from maxtext_compat.serving.backend import backend_for
 
     if resolution is None:
-        from maxtext_compat.installed import installed_resolution
+        from maxtext_compat.resolution.installed import installed_resolution
 
         found = installed_resolution()
         resolution = found.resolution

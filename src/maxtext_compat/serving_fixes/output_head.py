@@ -88,7 +88,7 @@ class OutputHeadShim(Shim):
 
     name = PROFILE
     description = "a served model's tied output head: the table rounded once"
-    verified_for = ("maxtext 0.1.0-0.2.5 (attend_on_embedding, the same line in each)",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # attend_on_embedding, the same line in each release
 
     def __init__(self, import_root: str) -> None:
         self.import_root = import_root

@@ -225,10 +225,10 @@ FIXES: dict[str, Callable[[], list[PatchSpec]]] = {
 
 def applicable(resolution: Any = None) -> tuple[str, list[Any]]:
     """(installed tpu-inference version, the known defects of its matrix range that apply to it)."""
-    from maxtext_compat import defects as known
+    from maxtext_compat.resolution import defects as known
 
     if resolution is None:
-        from maxtext_compat.installed import installed_resolution
+        from maxtext_compat.resolution.installed import installed_resolution
 
         resolution = installed_resolution().resolution
     row = resolution.tpu_inference
@@ -267,12 +267,12 @@ class RequestDefectsShim(Shim):
 
     name = PROFILE
     description = "request features tpu-inference drops or fails on"
+    verified_for = (names.TPU_INFERENCE_RELEASES,)  # the defects each tpu-inference row of the matrix lists
 
     def __init__(self, resolution: Any = None) -> None:
         self.version, defects = applicable(resolution)
         self.handled = [d for d in defects if d.id in REFUSALS or d.id in FIXES]
         self.unhandled = [d.id for d in defects if d not in self.handled]
-        self.verified_for = (f"tpu-inference {self.version} (its matrix row's known_defects)",)
 
     def applies(self) -> str | None:
         if disabled():

@@ -5,7 +5,7 @@ MaxText nor wrapt, so the doctor and the vLLM plugin entry point stay cheap.
 
     from maxtext_compat import shims
     shims.register_profile("my-fix", lambda: [shims.PatchSpec("pkg.mod:Cls.__call__", factory)])
-    shims.install("my-fix")          # idempotent, all or nothing
+    shims.install("my-fix")          # idempotent, all or nothing (a registered `shims.Shim`: through its install())
     with shims.patched("my-fix"): ...
     shims.uninstall()                # restores every original by identity
 """
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         unregister_profile,
         verify,
     )
+    from maxtext_compat.patching.shim import Shim
 
 _EXPORTS = {
     "Original": "patching",
@@ -56,6 +57,7 @@ _EXPORTS = {
     "verify": "patching.profiles",
     "ActivePatch": "patching.ledger",
     "active_patches": "patching.ledger",
+    "Shim": "patching.shim",
 }
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "PatchSet",
     "PatchSpec",
     "Profile",
+    "Shim",
     "active_patches",
     "active_profiles",
     "add_keyword_params",

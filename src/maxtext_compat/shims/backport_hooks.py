@@ -19,12 +19,12 @@ from typing import Any
 from maxtext_compat import names
 from maxtext_compat.backport.attention import attend
 from maxtext_compat.backport.session import current
+from maxtext_compat.backport.write_path import WritePath
 from maxtext_compat.errors import BackportError
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.patching import PatchSpec, profiles
 from maxtext_compat.patching.registry import REGISTRY
 from maxtext_compat.patching.shim import Shim
-from maxtext_compat.write_path import WritePath
 
 PROFILE = names.BACKPORT_HOOKS
 FULL_PROFILE = names.VLLM_BACKPORT  # MaxText's full backport shim (maxtext_compat.shims) carries these hooks
@@ -65,7 +65,7 @@ def _remat_hook(original: Any) -> Any:
                 expected="False (MaxText's own configs/inference/vllm.yml sets it)",
                 found=True,
                 fix="build the model with scan_layers=False; convert scanned weights with "
-                "maxtext_compat.weights.unscan_params",
+                "maxtext_compat.serving.param_trees.unscan_params",
             )
         block_layers = args[0] if args else kwargs["block_layers"]
         return list(block_layers)
@@ -109,7 +109,7 @@ class BackportHooksShim(Shim):
 
     name = PROFILE
     description = "inert unless a backport KV session is active"
-    verified_for = ("maxtext 0.1.0 (the rows without a vLLM path; classes named by the row)",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # built for the rows without a vLLM path (0.1.0)
 
     def __init__(self, row: MaxTextRow) -> None:
         self.row = row

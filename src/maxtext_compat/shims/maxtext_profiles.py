@@ -31,7 +31,7 @@ _registered = fork_safe_lock()
 
 
 def _row() -> MaxTextRow:
-    from maxtext_compat.installed import installed_row
+    from maxtext_compat.resolution.installed import installed_row
 
     return installed_row()
 
@@ -293,7 +293,7 @@ DEFECT_TARGETS: dict[str, Any] = {
 
 def _config_checks(row: MaxTextRow, tpu_inference: Any) -> Any:
     """pyconfig.initialize: refuse a config that hits a refused defect or a non-RPA vLLM attention backend."""
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
 
     def factory(original: Any) -> Any:
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -308,7 +308,7 @@ def _config_checks(row: MaxTextRow, tpu_inference: Any) -> Any:
 
 
 def defect_specs(row: MaxTextRow) -> list[Any]:
-    from maxtext_compat import defects
+    from maxtext_compat.resolution import defects
     from maxtext_compat.shims import PatchSpec
 
     specs: list[Any] = []
@@ -358,7 +358,7 @@ def for_declared_convention(profile: str | None) -> str | None:
 def choose(resolution: Any) -> str | None:
     """The profile `shims.install()` picks: the backport for pre-#2616 rows, else the defect fixes; a fork that
     no row's adapters can call is refused here, before any patch."""
-    from maxtext_compat.installed import refuse_unbridged
+    from maxtext_compat.resolution.installed import refuse_unbridged
 
     refuse_unbridged(resolution)
     row = resolution.maxtext
@@ -401,7 +401,7 @@ class _RowShim(Shim):
         raise NotImplementedError
 
     def specs(self) -> list[Any]:
-        from maxtext_compat.installed import installed_resolution, refuse_unbridged
+        from maxtext_compat.resolution.installed import installed_resolution, refuse_unbridged
 
         refuse_unbridged(installed_resolution().resolution)
         return self.build(_row())
@@ -413,7 +413,7 @@ class _RowShim(Shim):
 class VllmBackportShim(_RowShim):
     name = BACKPORT
     description = "new calls on a pre-#2616 MaxText: the call rule, its KV session and ragged paged attention"
-    verified_for = ("maxtext 0.1.0 (rows without the KV parameters)",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # built for rows without the KV parameters (0.1.0); tested on 0.2.x too
 
     def build(self, row: MaxTextRow) -> list[Any]:
         return backport_specs(row)
@@ -422,7 +422,7 @@ class VllmBackportShim(_RowShim):
 class KnownDefectsShim(_RowShim):
     name = DEFECTS
     description = "fixes listed in the matrix row"
-    verified_for = ("the defects each matrix row lists, with the releases each was seen on",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # the defects each matrix row lists, with the releases each was seen on
 
     def build(self, row: MaxTextRow) -> list[Any]:
         return defect_specs(row)
@@ -431,7 +431,7 @@ class KnownDefectsShim(_RowShim):
 class CallRuleShim(_RowShim):
     name = CALL_RULE
     description = "the call rule (and a declared caller convention) in MaxText's own classes"
-    verified_for = ("maxtext 0.2.0-0.2.5 (rows with the KV parameters)",)
+    verified_for = (names.MAXTEXT_RELEASES,)  # built for rows with the KV parameters (0.2.x)
 
     def build(self, row: MaxTextRow) -> list[Any]:
         return call_rule_specs(row)

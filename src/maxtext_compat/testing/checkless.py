@@ -1,6 +1,6 @@
 """A write path that checks nothing, for testing how calls are routed where no jax is installed.
 
-Why: a writing new call's checks (`maxtext_compat.write_path`) read real arrays (the caches' layouts, the
+Why: a writing new call's checks (`maxtext_compat.backport.write_path`) read real arrays (the caches' layouts, the
 metadata's values, the positions) and need jax; the call rule above them is plain Python and takes its write
 path from the call site. An adapter built inside `checkless_calls()` gets this one, which has the real one's
 shape: it records what `prepare` was handed instead of checking it, and runs the real `legacy_call` (the 0.1.0
@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
+from maxtext_compat.backport.write_path import WritePath
 from maxtext_compat.shims.backport_hooks import WRITE_PATH
-from maxtext_compat.write_path import WritePath
 
 
 class ChecklessWritePath(WritePath):

@@ -183,7 +183,7 @@ def _key(s: FamilySpec) -> str:
 
 
 def default_cache() -> Path:
-    from maxtext_compat.env_runner import cache_base
+    from maxtext_compat.runner.caches import cache_base
 
     base = cache_base()
     return (base if base is not None else Path.home() / ".cache" / "maxtext-compat") / "families"

@@ -42,7 +42,7 @@ def gemma3_gguf(directory: Path | None = None) -> Path:
             fix="run the test in an environment that pins them (maxtext-0.2.5, maxtext-0.1.0-jax011)",
         ) from exc
     if directory is None:
-        from maxtext_compat.env_runner import cache_base
+        from maxtext_compat.runner.caches import cache_base
 
         base = cache_base()
         directory = (base if base is not None else Path.home() / ".cache" / "maxtext-compat") / "gemma3"
@@ -89,8 +89,8 @@ def paged_model(ckpt: Any, *, max_len: int, name: str = "Gemma 3", **overrides: 
     """The installed MaxText's vLLM-path Transformer (0.2.x: vllm.yml, attention vllm_rpa; 0.1.0: the train-mode
     model the backport runs) holding `ckpt` (any family convert reads; `name` says which in errors), for
     maxtext_compat.decode.PagedEngine."""
-    from maxtext_compat import weights
     from maxtext_compat.convert import maxtext_overrides, to_maxtext
+    from maxtext_compat.serving import param_trees
     from maxtext_compat.testing import tiny
 
     row = tiny.installed_row()
@@ -105,5 +105,5 @@ def paged_model(ckpt: Any, *, max_len: int, name: str = "Gemma 3", **overrides: 
         mesh = tiny.tiny_mesh(cfg)
         model = tiny.tiny_transformer(cfg, mesh)
     with tiny.mesh_context(cfg, mesh):
-        weights.load_params(model, to_maxtext(ckpt), where=f"{name} into MaxText {row.name}")
+        param_trees.load_params(model, to_maxtext(ckpt), where=f"{name} into MaxText {row.name}")
     return model

@@ -284,8 +284,8 @@ def hf_logits(model: Any, ids: Sequence[int]) -> Any:
 
 def maxtext_model(ckpt: Any, *, max_len: int = 32, **overrides: Any) -> tuple[Any, Any, Any]:
     """(config, mesh, Transformer) of the installed MaxText holding `ckpt` (unscanned, float32)."""
-    from maxtext_compat import weights
     from maxtext_compat.convert import maxtext_overrides, to_maxtext
+    from maxtext_compat.serving import param_trees
     from maxtext_compat.testing import tiny
 
     keys = {**maxtext_overrides(ckpt.shape), "max_target_length": max_len,
@@ -294,7 +294,7 @@ def maxtext_model(ckpt: Any, *, max_len: int = 32, **overrides: Any) -> tuple[An
     mesh = tiny.tiny_mesh(cfg)
     with tiny.mesh_context(cfg, mesh):
         model = tiny.tiny_transformer(cfg, mesh)
-        weights.load_params(model, to_maxtext(ckpt), where=f"SmolLM2 into MaxText {tiny.installed_row().name}")
+        param_trees.load_params(model, to_maxtext(ckpt), where=f"SmolLM2 into MaxText {tiny.installed_row().name}")
     return cfg, mesh, model
 
 

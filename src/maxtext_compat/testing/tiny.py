@@ -12,11 +12,13 @@ from typing import Any
 
 from maxtext_compat import tempdirs
 from maxtext_compat.errors import InvalidArgumentError
-from maxtext_compat.installed import MaxTextApi as MaxTextApi  # re-exported: tests reach the release through tiny
-from maxtext_compat.installed import api, config_mesh, mesh_context
-from maxtext_compat.installed import installed_row as installed_row
 from maxtext_compat.matrix import MaxTextRow
-from maxtext_compat.xla_flags import keep_xla_flags
+from maxtext_compat.resolution.installed import (
+    MaxTextApi as MaxTextApi,  # re-exported: tests reach the release through tiny
+)
+from maxtext_compat.resolution.installed import api, config_mesh, mesh_context
+from maxtext_compat.resolution.installed import installed_row as installed_row
+from maxtext_compat.serving.xla_flags import keep_xla_flags
 
 FAMILIES: dict[str, dict[str, Any]] = {
     "default": {"model_name": "default"},
@@ -175,9 +177,9 @@ def dense_twin(model: Any, config: Any, mesh: Any = None) -> Any:
 
     Why: on MaxText 0.2.x the paged path needs a vllm.yml config (attention="vllm_rpa"), whose
     model cannot run the dense reference; the two configs have identical parameter trees, so
-    the twin gets the same weights (shape-checked, maxtext_compat.weights.load_params).
+    the twin gets the same weights (shape-checked, maxtext_compat.serving.param_trees.load_params).
     """
-    from maxtext_compat.weights import export_params, load_params
+    from maxtext_compat.serving.param_trees import export_params, load_params
 
     mesh = mesh if mesh is not None else tiny_mesh(config, 1)
     twin = tiny_transformer(config, mesh)

@@ -73,7 +73,7 @@ class Workspace:
 
 def checkout_root() -> Path | None:
     """The source checkout this package runs from, when it runs from one (an editable install of this repo)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # <root>/src/maxtext_compat/runner/workspace.py
     wanted = ("pyproject.toml", "compat_matrix.yaml", CI_LAYOUT)
     return root if all((root / f).is_file() for f in wanted) else None
 

@@ -5,8 +5,8 @@ Why not a loop over the environments: it built all the test matrix's environment
 another while a core idled (14 min on a 2-core machine from a fresh clone). Here only the environments the demo
 runs in are built, each just before its demo (one build at a time: they share uv's cache), next to the demos
 already running; the environments start longest first, each when its recorded peak memory fits
-(`envmemory.run_admitted`, the test matrix's scheduler); each demo keeps its compiled programs in its environment's
-persistent JAX cache (`env_runner.compile_cache_env`, the one its test runs use), so a second run skips the
+(`runner.memory.run_admitted`, the test matrix's scheduler); each demo keeps its compiled programs in its environment's
+persistent JAX cache (`runner.caches.compile_cache_env`, the one its test runs use), so a second run skips the
 compiles. The console gets a line when an environment starts and ends, each environment's section whole and in
 the matrix's order (the demo's `--json` result, rendered as the demo renders it), and a table of what each
 proved; a demo's own stderr (its progress, a traceback) goes to build/logs/demo-ENV.log, and what third-party
@@ -25,10 +25,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from maxtext_compat import envdurations, envs
 from maxtext_compat.demo import LOG_NOTE, render
-from maxtext_compat.demo_outcome import DemoRun, closing, exit_code, proved, table
-from maxtext_compat.env_runner import (
+from maxtext_compat.demo.outcome import DemoRun, closing, exit_code, proved, table
+from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
+from maxtext_compat.locks import fork_safe_lock
+from maxtext_compat.matrix import CompatMatrix
+from maxtext_compat.runner import durations as envdurations
+from maxtext_compat.runner import envs
+from maxtext_compat.runner.memory import PeakSampler, record_peaks, recorded_peaks, run_admitted
+from maxtext_compat.runner.running import (
     ENV_NAME_VAR,
     bytecode_cache_env,
     cache_is_cold,
@@ -36,11 +41,7 @@ from maxtext_compat.env_runner import (
     expected_durations,
     schedule,
 )
-from maxtext_compat.envmemory import PeakSampler, record_peaks, recorded_peaks, run_admitted
-from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
-from maxtext_compat.locks import fork_safe_lock
-from maxtext_compat.matrix import CompatMatrix
-from maxtext_compat.workspace import Workspace
+from maxtext_compat.runner.workspace import Workspace
 
 DEMO_TEST = "tests/compat/test_demo.py"
 # Beside the test matrix's records (tests/ in this checkout): each demo's seconds and peak memory (GB, PSS).

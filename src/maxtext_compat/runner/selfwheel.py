@@ -23,6 +23,7 @@ from maxtext_compat.errors import EnvironmentBuildError
 
 DISTRIBUTION = "maxtext-compat"
 PACKAGE = "maxtext_compat"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the imported maxtext_compat/ (this module sits in runner/)
 # Written by the installer, not shipped in the wheel: a fresh RECORD replaces RECORD, the new installer writes
 # its own (uv adds uv_cache.json / uv_build.json), and a signature of the old RECORD would not match the new one.
 _STANDARD = ("RECORD", "RECORD.jws", "RECORD.p7s", "INSTALLER", "REQUESTED", "direct_url.json")
@@ -78,7 +79,7 @@ def _distribution() -> metadata.Distribution:
             "maxtext-compat is imported but not installed (no distribution metadata)",
             argument=DISTRIBUTION,
             expected="an installed distribution (pip or uv pip install, editable or not)",
-            found=str(Path(__file__).parent),
+            found=str(PACKAGE_DIR),
             fix="install it: `uv pip install -e .` in its source folder, or `uv pip install maxtext-compat`",
         ) from None
     return dist
@@ -144,7 +145,7 @@ def _members(dist: metadata.Distribution) -> tuple[str, list[tuple[str, Path]]]:
 def _check_running(members: list[tuple[str, Path]]) -> None:
     """Refuse when the imported package is not the installed one (e.g. PYTHONPATH names a checkout)."""
     init = dict(members).get(f"{PACKAGE}/__init__.py")
-    here = Path(__file__).resolve().parent / "__init__.py"
+    here = PACKAGE_DIR / "__init__.py"
     if init is None or init.resolve() != here:
         raise EnvironmentBuildError(
             "the running maxtext-compat is not the installed one",

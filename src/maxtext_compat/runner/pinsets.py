@@ -8,7 +8,6 @@ wheels of another Python (vllm-tpu's cp312 wheels on 3.11), each with the set's 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from dataclasses import dataclass
@@ -112,8 +111,8 @@ def write_files(steps: list[InstallStep], folder: Path) -> None:
 
 
 def fingerprint(m: CompatMatrix) -> str:
-    """What identifies the facts a run used: the matrix file's bytes (shards of one run must share it)."""
-    return hashlib.sha256(Path(m.source).read_bytes()).hexdigest()[:16]
+    """What identifies the facts a run used (`CompatMatrix.fingerprint`: the matrix file's bytes)."""
+    return m.fingerprint()
 
 
 def describe(spec: EnvironmentSpec, m: CompatMatrix) -> dict[str, Any]:

@@ -31,11 +31,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from maxtext_compat import pinsets, workspace
 from maxtext_compat.errors import EnvironmentBuildError, InvalidArgumentError
 from maxtext_compat.matrix import ENV_NAME_RULE, CompatMatrix, EnvironmentSpec, valid_env_name
-from maxtext_compat.workspace import ENVS_DIR_VAR as ENVS_DIR_VAR  # re-exported: the variable's home is workspace
-from maxtext_compat.workspace import Workspace
+from maxtext_compat.runner import pinsets, workspace
+from maxtext_compat.runner.workspace import (
+    ENVS_DIR_VAR as ENVS_DIR_VAR,  # re-exported: the variable's home is workspace
+)
+from maxtext_compat.runner.workspace import Workspace
 
 PYTHON_VAR = "MAXTEXT_COMPAT_PYTHON"
 MARKER = "maxtext-compat-env.json"
@@ -240,7 +242,7 @@ def _populate(spec: EnvironmentSpec, path: Path, uv: list[str], python: str, t0:
     work = path / "maxtext-compat-spec"
     self_args = ws.self_install
     if self_args is None:
-        from maxtext_compat import selfwheel
+        from maxtext_compat.runner import selfwheel
 
         self_args = selfwheel.self_install_args(ws.state / "self")
     target = ["--python", str(path / "bin" / "python")]

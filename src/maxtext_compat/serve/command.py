@@ -302,8 +302,8 @@ def _check_switches(environ: Mapping[str, str]) -> None:
     """The switches the vLLM processes will read, checked here so a typo stops `serve` at once."""
     from maxtext_compat import platforms
     from maxtext_compat.convention.policy import STRICT_ENV
+    from maxtext_compat.serve.vllm_plugin import MODEL_ENV, model_choice, new_model_design
     from maxtext_compat.switches import parse_flag
-    from maxtext_compat.vllm_plugin import MODEL_ENV, model_choice, new_model_design
 
     parse_flag(STRICT_ENV, environ.get(STRICT_ENV))
     platforms.disabled_parts(environ.get(platforms.DISABLE_ENV, ""))

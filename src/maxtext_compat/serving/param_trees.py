@@ -154,7 +154,7 @@ def check_params(params: Mapping[str, Any], expected: Mapping[str, tuple[int, ..
         parts.append(f"shape mismatch {len(mismatched)}: " + _shown([f"{p} {f} != {e}" for p, f, e in mismatched]))
     scanned = any(p.startswith("decoder/layers/") for p in extra) and any(_is_unscanned_layer(p) for p in missing)
     fix = (
-        "the tree is scanned and the model is not: convert it with maxtext_compat.weights.unscan_params"
+        "the tree is scanned and the model is not: convert it with maxtext_compat.serving.param_trees.unscan_params"
         if scanned
         else "build the model with the config the parameters were saved from (sizes, family, scan_layers)"
     )

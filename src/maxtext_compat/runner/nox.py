@@ -4,7 +4,7 @@ Why a helper: a project that calls MaxText through maxtext-compat wants its suit
 project proved, without copying the pins. In its noxfile.py:
 
     import nox
-    from maxtext_compat.nox import compat_sessions
+    from maxtext_compat.runner.nox import compat_sessions
     compat_sessions(["0.1.0", "0.2.5"], extras="test")
 
 registers one session, `compat`, parametrized by (Python, pin set). Each installs the pin set exactly as
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from maxtext_compat import pinsets, selfwheel
 from maxtext_compat.errors import InvalidArgumentError
 from maxtext_compat.matrix import EnvironmentSpec, load_matrix
+from maxtext_compat.runner import pinsets, selfwheel
 
 __all__ = ["compat_sessions", "install_pin_set"]
 

@@ -3,7 +3,7 @@
 Why two figures: an environment's suite compiles hundreds of XLA programs, and JAX's persistent
 cache turns most of those compiles into reads. maxtext-0.2.5 took 1,794 s on a fresh machine and
 1,022 s on a warm one; a plan made from the warm figures alone puts the two longest environments of
-a fresh machine one after the other. So every run records which case it was (`env_runner.cache_is_cold`
+a fresh machine one after the other. So every run records which case it was (`caches.cache_is_cold`
 of its own cache folder when it started), and the scheduler plans each environment from the figure that
 matches its cache now (the other figure where that one was never measured).
 

@@ -1,4 +1,4 @@
-"""vLLM general plugin (`vllm.general_plugins: maxtext_compat = maxtext_compat.vllm_plugin:register`).
+"""vLLM general plugin (`vllm.general_plugins: maxtext_compat = maxtext_compat.serve.vllm_plugin:register`).
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), possibly
 more than once per process. Each call, once per process:
@@ -121,7 +121,7 @@ def _register(config: Any = None, role: str = "") -> PluginState:
         reason = f"skipped: {', '.join(missing)} not installed (maxtext-compat serves through vllm-tpu)"
         log.warning("maxtext_compat plugin %s", reason)
         return PluginState(False, None, reason, pid=pid)
-    from maxtext_compat.probes import detect_import_root
+    from maxtext_compat.resolution.probes import detect_import_root
 
     if detect_import_root() is None:
         reason = "skipped: MaxText is not installed, MaxTextForCausalLM is not registered"
@@ -325,7 +325,7 @@ class PluginConfigShim(Shim):
     name = HOOKS_PROFILE
     description = "the plugin's settings reach engine cores started by fork"
     # the vLLM of every serving environment of this repository (tests/compat/test_serving_plugin.py, the Ray tests)
-    verified_for = ("the vLLM releases the compat matrix's serving rows pin",)
+    verified_for = (names.TPU_INFERENCE_RELEASES,)  # the vLLM releases the serving rows of the matrix pin with them
 
     def __init__(self) -> None:
         self.present: list[tuple[str, Any]] = []

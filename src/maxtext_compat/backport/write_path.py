@@ -29,13 +29,13 @@ from maxtext_compat.backport import call as backport
 from maxtext_compat.convention.kinds import METADATA, Kind
 from maxtext_compat.convention.translate import Translated, describe, layer_entry
 from maxtext_compat.errors import InvalidArgumentError, InvalidArgumentTypeError, KernelUnavailableError
-from maxtext_compat.installed_kernel import installed_rpa
 from maxtext_compat.matrix import MaxTextRow
 from maxtext_compat.paged.checks import is_concrete
 from maxtext_compat.paged.guard import check_writes_described
 from maxtext_compat.paged.layout import dtype_name, layout_for
 from maxtext_compat.paged.metadata import RaggedMetadata, is_metadata, metadata_arrays
 from maxtext_compat.paged.sharding import maxtext_head_parallelism
+from maxtext_compat.resolution.installed_kernel import installed_rpa
 
 ALLOCATE = "allocate them from one KVCacheLayout: maxtext_compat.paged.KVCacheLayout(...).allocate(num_layers)"
 

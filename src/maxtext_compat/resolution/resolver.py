@@ -24,7 +24,7 @@ from maxtext_compat.errors import (
     warn_at_call_site,
 )
 from maxtext_compat.matrix import CompatMatrix, MaxTextRow, TpiRelease, TpuInferenceRow, load_matrix
-from maxtext_compat.probes import CodeMatch, ProbeReport, match_code, probe_static, source_of
+from maxtext_compat.resolution.probes import CodeMatch, ProbeReport, match_code, probe_static, source_of
 from maxtext_compat.versions import DistInfo, hypothetical_versions, installed_versions
 
 MaxTextMatch = Literal["exact", "commit", "dev", "probes", "nearest", "absent"]

@@ -24,8 +24,8 @@ from maxtext_compat.errors import (
 )
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.matrix import MaxTextRow, load_matrix
-from maxtext_compat.probes import package_dir
-from maxtext_compat.resolver import Resolution, resolve_versions
+from maxtext_compat.resolution.probes import package_dir
+from maxtext_compat.resolution.resolver import Resolution, resolve_versions
 from maxtext_compat.versions import installed_versions
 
 
