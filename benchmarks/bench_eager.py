@@ -223,7 +223,7 @@ def _fake() -> list[dict[str, Any]]:
     from maxtext_compat import shims
     from maxtext_compat.adapters.wrapper import adapted_class
     from maxtext_compat.matrix import load_matrix
-    from maxtext_compat.shims import PatchSpec, maxtext_profiles
+    from maxtext_compat.shims import PatchSpec, defect_patches, maxtext_profiles, rule_patches
 
     matrix = load_matrix()
     module = types.ModuleType(FAKE_MODULE)  # patch targets are "module:Class.attr"
@@ -240,9 +240,7 @@ def _fake() -> list[dict[str, Any]]:
         twin = fake_class(f"PatchedAttention{tag}", sig, row.has_kv_params)
         setattr(module, native_cls.__name__, native_cls)
         setattr(module, twin.__name__, twin)
-        specs.append(
-            PatchSpec(f"{FAKE_MODULE}:{twin.__name__}.__call__", maxtext_profiles._rule_factory("attention", row))
-        )
+        specs.append(PatchSpec(f"{FAKE_MODULE}:{twin.__name__}.__call__", rule_patches._rule_factory("attention", row)))
         native, anchor = native_cls(), bare_wrapt(native_cls)()
         adapter, patched = adapted_class(native_cls, row=row, kind="attention")(), twin()
         calls = {"old call": ("x", "x", "pos", "seg"), "new call": ("x", "x", "pos", None)}
@@ -260,7 +258,7 @@ def _fake() -> list[dict[str, Any]]:
     module.Layer025 = fake_class("Layer025", LLAMA_SIG_025, True)
     module.PatchedLayer025 = fake_class("PatchedLayer025", LLAMA_SIG_025, True)
     specs.append(
-        PatchSpec(f"{FAKE_MODULE}:PatchedLayer025.__call__", maxtext_profiles.DEFECT_TARGETS["scan-unroll-drops-kv"])
+        PatchSpec(f"{FAKE_MODULE}:PatchedLayer025.__call__", defect_patches.DEFECT_TARGETS["scan-unroll-drops-kv"])
     )
     layer_args = ("x", None, "pos", True, "autoregressive")
     layer_kw = {"kv_cache": "KV", "attention_metadata": "MD"}

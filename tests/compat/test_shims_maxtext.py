@@ -23,7 +23,7 @@ nnx = pytest.importorskip("flax.nnx")
 
 from maxtext_compat import paged, shims  # noqa: E402
 from maxtext_compat.adapters import wrap  # noqa: E402
-from maxtext_compat.shims import maxtext_profiles  # noqa: E402
+from maxtext_compat.shims import defect_patches, maxtext_profiles  # noqa: E402
 from maxtext_compat.testing import tiny  # noqa: E402
 
 ROW = tiny.installed_row()
@@ -218,7 +218,7 @@ def test_scan_carry_fix_for_the_linen_releases(scanned):
     class Original:
         function = GenericLayer.__call__
 
-    wrapper = maxtext_profiles._scan_kv_fix(Original)
+    wrapper = defect_patches._scan_kv_fix(Original)
     layer = GenericLayer()
     stacked = jnp.zeros((3, 4))
     carry = (jnp.ones((2,)), stacked, 1)
@@ -280,5 +280,5 @@ def test_scan_kv_fix_never_changes_the_shared_layer():
     seen: list[tuple[bool, bool]] = []
     shared = Layer()
     config = shared.config
-    out = maxtext_profiles._call_unscanned(Layer.__call__, shared.__call__, shared, (1,), {})
+    out = defect_patches._call_unscanned(Layer.__call__, shared.__call__, shared, (1,), {})
     assert out == (1, "kv") and seen == [(False, True)] and shared.config is config

@@ -203,7 +203,7 @@ def shims_install_convention(value: str) -> Any:
 
 def validate_kernel_010(kernel: str) -> Any:
     """MaxText 0.1.0's pyconfig.validate_attention_kernel as the vllm-backport shim wraps it."""
-    from maxtext_compat.shims.maxtext_profiles import _accept_vllm_rpa
+    from maxtext_compat.shims.rule_patches import _accept_vllm_rpa
 
     def original(s: str) -> None:
         raise ValueError("Invalid attention kernel was passed")  # what MaxText 0.1.0 raises (untyped)

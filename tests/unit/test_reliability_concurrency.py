@@ -35,7 +35,7 @@ from maxtext_compat.adapters.wrapper import adapted_class
 from maxtext_compat.convention import callers as caller_convention
 from maxtext_compat.matrix import ClassRef, MaxTextRow
 from maxtext_compat.patching import PatchSpec, ledger, profiles
-from maxtext_compat.shims import maxtext_profiles
+from maxtext_compat.shims import maxtext_profiles, rule_patches
 from maxtext_compat.switches import env_count
 
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
@@ -158,9 +158,9 @@ def specs(fake: FakeRelease, seen: Iterator[int]) -> list[PatchSpec]:
     row = fake.row
     return [
         *maxtext_profiles.defect_specs(row),
-        PatchSpec(f"{row.classes['attention']}.__call__", counting, signature=maxtext_profiles._advertise("attention")),
-        PatchSpec(f"{row.classes['attention_op']}.__init__", maxtext_profiles._vllm_rpa_op_is_dot_product),
-        PatchSpec(f"{row.config.pyconfig}:validate_attention_kernel", maxtext_profiles._accept_vllm_rpa(row)),
+        PatchSpec(f"{row.classes['attention']}.__call__", counting, signature=rule_patches._advertise("attention")),
+        PatchSpec(f"{row.classes['attention_op']}.__init__", rule_patches._vllm_rpa_op_is_dot_product),
+        PatchSpec(f"{row.config.pyconfig}:validate_attention_kernel", rule_patches._accept_vllm_rpa(row)),
     ]
 
 
@@ -325,7 +325,7 @@ def test_an_adapter_over_an_installed_backport_applies_the_rule_once(backport_ov
     shims.install(maxtext_profiles.BACKPORT)
     adapter = adapter or adapter_of()
     assert "kv_cache" in inspect.signature(cls.__call__).parameters  # the shim advertises the new keywords
-    shim_rule = mocker.spy(maxtext_profiles, "call_rule")
+    shim_rule = mocker.spy(rule_patches, "call_rule")
     assert adapter()("x", "x") == "OUT"
     assert adapter()("x", "x", **NEW_TRAIN) == ("OUT", "KV")  # train mode: the caches come back as given
     assert shim_rule.call_count == 0  # the shim passed the adapter's native calls through: the rule ran once each

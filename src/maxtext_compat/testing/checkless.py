@@ -37,6 +37,6 @@ def checkless_calls() -> Iterator[ChecklessWritePath]:
     fake = ChecklessWritePath()
     with (
         mock.patch("maxtext_compat.adapters.wrapper.WRITE_PATH", fake),
-        mock.patch("maxtext_compat.shims.maxtext_profiles.WRITE_PATH", fake),
+        mock.patch("maxtext_compat.shims.rule_patches.WRITE_PATH", fake),
     ):
         yield fake
