@@ -8,6 +8,8 @@ milliseconds and also tells commit-pinned installs apart (PEP 610 `direct_url.js
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
@@ -88,8 +90,30 @@ def normalize_key(name: str) -> str:
     return key
 
 
+_READ: dict[tuple[object, ...], dict[str, DistInfo]] = {}  # the last reading, under the state it was read in
+
+
+def _install_state() -> tuple[object, ...]:
+    """What the installed metadata depends on: the search path, each entry's modification time (installing or
+    removing a distribution adds or removes a folder there), and the reader (a test that patches it reads anew)."""
+    entries: list[tuple[str, int | None]] = []
+    for entry in sys.path:
+        try:
+            entries.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            entries.append((entry, None))
+    return id(metadata.distribution), tuple(entries)
+
+
 def installed_versions() -> dict[str, DistInfo]:
-    """Installed versions of the tracked packages (missing ones are absent from the dict)."""
+    """Installed versions of the tracked packages (missing ones are absent from the dict).
+
+    Read once per install state (`_install_state`): a reading searches every path entry's metadata, ~60 ms, and
+    installing a shim by name asks for it (its facts and verified range) each time."""
+    state = _install_state()
+    cached = _READ.get(state)
+    if cached is not None:
+        return dict(cached)
     found: dict[str, DistInfo] = {}
     for key, dists in TRACKED.items():
         for dist_name in dists:
@@ -97,7 +121,9 @@ def installed_versions() -> dict[str, DistInfo]:
             if info is not None:
                 found[key] = info
                 break
-    return found
+    _READ.clear()
+    _READ[state] = found
+    return dict(found)
 
 
 def _read_dist(dist_name: str) -> DistInfo | None:
@@ -176,11 +202,8 @@ def hypothetical_versions(versions: dict[str, str]) -> dict[str, DistInfo]:
 def installed_version(name: str) -> str | None:
     """The installed version of distribution `name` under any of its spellings (vllm-tpu for vllm), or None."""
     key = ALIASES.get(canonicalize_name(name), canonicalize_name(name).replace("-", "_"))
-    for dist_name in TRACKED.get(key, (name,)):
-        info = _read_dist(dist_name)
-        if info is not None:
-            return info.version
-    return None
+    info = installed_versions().get(key) if key in TRACKED else _read_dist(name)
+    return None if info is None else info.version
 
 
 def unmet(requirements: Iterable[str]) -> list[tuple[str, str, str]]:
