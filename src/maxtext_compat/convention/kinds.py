@@ -2,9 +2,10 @@
 
 Why a table of objects and not `if kind == ...` chains: what differs between an Attention, a
 decoder layer, the Decoder and the Transformer (the name of its KV argument, whether it takes one
-cache or one per layer, its parameters across releases, its old and new returns) is one fact per
-kind; keeping each kind's facts on one object means a new kind, or a changed return, is one edit
-(the model is transformers' cache layers, which carry their own update rules).
+cache or one per layer, its parameters across releases) is one fact per kind; keeping each kind's
+facts on one object means a new kind is one edit (the model is transformers' cache layers, which
+carry their own update rules). What each release returns is not here: the kinds reshape results by
+name from the row's `returns:` (matrix.returns), so a changed return is an edit of compat_matrix.yaml.
 """
 
 from __future__ import annotations
