@@ -82,7 +82,7 @@ chromium:
 DEEP := MAXTEXT_COMPAT_RELIABILITY_CYCLES=10000 MAXTEXT_COMPAT_FUZZ_EXAMPLES=10000
 test-extended: envs
 	MAXTEXT_COMPAT_EXTENDED=1 PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build \
-	  maxtext-0.2.5 maxtext-0.2.4 maxtext-0.2.3 maxtext-0.2.2 maxtext-0.2.1 maxtext-0.2.0 maxtext-0.1.0-jax011 \
+	  maxtext-0.2.5 maxtext-0.2.4 maxtext-0.2.3 maxtext-0.2.2 maxtext-0.2.1 maxtext-0.2.0 maxtext-0.1.0-jax011 unit \
 	  --pytest-args -m extended
 	$(DEEP) PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3 unit maxtext-0.2.5 maxtext-0.2.4 \
 	  maxtext-0.2.3 maxtext-0.2.2 maxtext-0.1.0 maxtext-0.1.0-jax011 \

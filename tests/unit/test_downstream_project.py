@@ -277,6 +277,7 @@ def test_pins_then_plain_uv_installs_what_the_matrix_built(downstream, single_ru
     assert built["maxtext"] == RELEASES[0] and "mylayer" in built and "maxtext-compat" in built
 
 
+@pytest.mark.extended  # the matrix test above runs the same sets through the same runner; nox adds its session layer
 def test_the_nox_helper_runs_the_same_tests_on_the_same_sets(downstream):
     project, bin_dir, _, env = downstream
     out = _run([str(bin_dir / "nox"), "--non-interactive", "-s", "compat"], project, env, timeout=1200, both=True)
