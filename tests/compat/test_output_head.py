@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+# The backport's run (one of the longest of make test's heavy phases) is make test-extended's; make test serves 0.1.0
+# through the backport in test_serving_vllm, test_backport_backend_serving and test_serve_trained_checkpoint.
+pytestmark = [
+    pytest.mark.needs_maxtext,
+    pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011"),
+    pytest.mark.extended_in("maxtext-0.1.0-jax011"),
+]
 
 np = pytest.importorskip("numpy")
 jax = pytest.importorskip("jax")
