@@ -46,12 +46,11 @@ from maxtext_compat.testing.checkless import checkless_calls  # noqa: E402
 # at each install (~1-2 ms per cycle beside 8 callers on 2 cores). MAXTEXT_COMPAT_RELIABILITY_CYCLES
 # overrides it for a quick local run.
 DEFAULT_CYCLES = 2_000  # make test; make test-extended runs 10,000 (the loop runs on until every site is seen)
-PATCHED_PAUSE_S = 0.001  # the callers' turn while the shim is in (2 s over 2,000 cycles)
 MAX_SECONDS = 120.0  # cycling past DEFAULT_CYCLES only to see every site in both states
 CYCLES_ENV = "MAXTEXT_COMPAT_RELIABILITY_CYCLES"
 CALLERS = 8
 YIELD_EVERY = 8
-WRAPPER_FILES = ("maxtext_profiles.py", "hooks.py")
+WRAPPER_FILES = ("rule_patches.py", "defect_patches.py", "maxtext_profiles.py", "hooks.py")  # where wrappers live
 
 
 class ReachedOriginal(Exception):
@@ -248,9 +247,6 @@ def test_maxtext_classes_never_fail_while_the_real_profile_churns(profile: str, 
         # finish before the 8 callers, which share 2 cores, reach each site while the shim is in).
         while done < cycles or (callers.seen != want and time.perf_counter() - t0 < MAX_SECONDS):
             shims.install(profile)
-            # Installing by name runs the shim's whole lifecycle (applies, facts, verified range) before its
-            # patches go in: without a pause the patched window is too short for callers to be seen inside it.
-            time.sleep(PATCHED_PAUSE_S)
             shims.uninstall(profile)
             done += 1
         elapsed = time.perf_counter() - t0
