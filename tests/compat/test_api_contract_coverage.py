@@ -85,7 +85,8 @@ def _walk() -> Iterator[tuple[str, Callable[..., Any], bool]]:
                 if issubclass(obj, EXEMPT_KINDS):
                     continue
                 ctor = "__new__" if "__init__" not in vars(obj) and "__new__" in vars(obj) else "__init__"
-                yield f"{name}.{ctor}", getattr(obj, ctor), True
+                if getattr(obj, ctor) is not getattr(object, ctor):  # a class built with no arguments (Shim)
+                    yield f"{name}.{ctor}", getattr(obj, ctor), True
                 for attr, member in vars(obj).items():
                     if attr.startswith("_"):
                         continue

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from maxtext_compat.contract import checked
 from maxtext_compat.errors import ShimRefusedError
 from maxtext_compat.locks import fork_safe_lock
 from maxtext_compat.patching import profiles
@@ -61,6 +62,7 @@ class ShimStatus:
         }
 
 
+@checked
 class Shim:
     """A named patch set with one lifecycle. Subclasses write `specs()` and, where they need them, `applies()`,
     `facts()`, `installed_now()` and `removed()`; `install()`, `uninstall()` and `status()` are written here.
