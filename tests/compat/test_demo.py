@@ -21,7 +21,10 @@ from maxtext_compat import demo
 # tests there, at 30 to 110 s each; `make test-extended` runs it there too.
 pytestmark = [
     pytest.mark.needs_maxtext,
-    pytest.mark.extended_in("maxtext-0.2.0", "maxtext-0.2.1", "maxtext-0.2.2", "maxtext-0.2.3"),
+    # make demo runs it in every MaxText environment; make test in the two eras' own environments (0.1.0, 0.2.5)
+    pytest.mark.extended_in(
+        "maxtext-0.2.0", "maxtext-0.2.1", "maxtext-0.2.2", "maxtext-0.2.3", "maxtext-0.2.4", "maxtext-0.1.0-jax011"
+    ),
 ]
 
 # The demo's real-model section (SmolLM2 against transformers) runs in maxtext-0.2.4 for the releases on

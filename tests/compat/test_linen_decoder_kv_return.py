@@ -17,7 +17,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.1.0", "maxtext-0.1.0-jax011")]
+pytestmark = [
+    pytest.mark.needs_maxtext,
+    pytest.mark.envs("maxtext-0.1.0", "maxtext-0.1.0-jax011"),
+    # make test-extended's in the backport's serving stack: maxtext-0.1.0 proves the release's calls
+    pytest.mark.extended_in("maxtext-0.1.0-jax011"),
+]
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")

@@ -22,7 +22,11 @@ from helpers import token_margin  # noqa: E402
 from maxtext_compat.testing import real_gemma3 as g3  # noqa: E402
 from maxtext_compat.testing import real_model as rm  # noqa: E402
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+pytestmark = [
+    pytest.mark.needs_maxtext,
+    pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011"),
+    pytest.mark.extended_in("maxtext-0.1.0-jax011"),  # make test: Gemma 3 on 0.2.5; the backport with SmolLM2
+]
 
 # MaxText multiplies the final hidden state by a bfloat16 copy of the (sqrt(640)-scaled) tied table in every
 # release; over a 262k vocabulary that moves logits by up to LOGITS_TOLERANCE (measured: see the docstring of

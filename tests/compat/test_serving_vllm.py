@@ -201,6 +201,7 @@ class TestCompatModelTP1:
 
 
 @pytest.mark.envs("maxtext-0.2.1", "maxtext-0.2.0")
+@pytest.mark.extended_in("maxtext-0.2.1")  # one serving convention, one tpu-inference: make test serves it on 0.2.0
 class TestKvReturnReleaseTP1:
     """MaxText 0.2.1 and 0.2.0 served natively on tpu-inference 0.19.0 (flat RPA entry point, 3-value model
     return), with the real kernel interpreted. Their serving path cannot restore a checkpoint, so the weights
@@ -247,6 +248,7 @@ class TestCompatModelTP2:
 
 
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.4")
+@pytest.mark.extended_in("maxtext-0.2.5")  # the shipped adapter is the same file in both: make test serves it on 0.2.4
 class TestMaxTextOwnAdapter:
     """MaxText 0.2.5's shipped adapter (registered by our plugin instead of ours, CPU shim still on)."""
 

@@ -13,7 +13,11 @@ import os
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.envs("maxtext-0.1.0", "maxtext-0.1.0-jax011", "maxtext-0.2.5")
+pytestmark = [
+    pytest.mark.envs("maxtext-0.1.0", "maxtext-0.1.0-jax011", "maxtext-0.2.5"),
+    # make test-extended's in the backport's serving stack: maxtext-0.1.0 proves the release's calls
+    pytest.mark.extended_in("maxtext-0.1.0-jax011"),
+]
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")

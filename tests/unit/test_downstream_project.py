@@ -210,6 +210,7 @@ def _bash(command: str, cwd: Path, env: dict[str, str]) -> str:
     return _run(["bash", "-eo", "pipefail", "-c", command], cwd, env)
 
 
+@pytest.mark.extended  # two more runs of the project (~2 min); test_report_merge holds the merge to the single report
 def test_the_shipped_workflows_shards_merge_into_the_single_machine_report(downstream, single_run, tmp_path):
     """The workflow's own commands, run here as its jobs would: the plan's job list, each job one shard in its own
     folder and process, then the report job merging the uploaded folders: the same cells and counts."""
