@@ -1,24 +1,18 @@
 """vLLM itself with the plugin on the chip, in-process (`vllm.LLM(...).generate`: no socket can listen on the TPU
 machine), serving the converted SmolLM2 through MaxText: its ids must equal transformers' greedy ids.
 
-The engine is configured for a machine without IP sockets as far as vLLM and tpu-inference allow: the engine core
-in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no ZeroMQ socket between the front end and the engine core).
-Nothing else can be configured: on one host tpu-inference's platform forces vLLM's UniProcExecutor (it overwrites
-`distributed_executor_backend`), whose `_distributed_args()` asks `get_open_port()` for a TCP port every time.
-Measured on CPU with Python 3.11 and every AF_INET/AF_INET6 socket refused (tools/tpu/nosocket.c): it stops there
-(OSError errno 97); a diagnostic run with that method patched to a file:// init method (not a configuration: it
-never counts as serving) stops next at tpu-inference's worker, which initialises torch.distributed with gloo, a TCP
-transport ("Cannot resolve 127.0.0.1 to a (local) address"); with sockets, the same code serves SmolLM2 in-process
-on CPU with the reference's ids. So where the configured run stops at a socket, the test records the exact failures
-(records.json: vllm-llm) and is an expected failure naming them; the serving checks then stand on the layer's own
-engine (test_tier_smollm2.py, maxtext_compat.decode.PagedEngine). Any other failure fails the test.
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no ZeroMQ socket between the front end and
+the engine core). Where this machine has no IP socket (the TPU machine, or tools/tpu/nosocket.c on a CPU), the two
+things that still need one are replaced for the run (tests/helpers/socketless_launch.py: gloo's process groups of one
+process by torch's `fake` backend, the executor's unused port lookup by 0), and the record names that launch. Any
+failure fails the test: the launch is a test fixture, not a configuration a user sets, so there is no expected
+failure left to record.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import traceback
 from collections.abc import Iterator
@@ -31,24 +25,27 @@ pytestmark = [pytest.mark.tpu, pytest.mark.pallas]
 
 NEW_TOKENS = 16
 MAX_LEN = 32
+SEQS = 8  # requests at once on the chip
 # errno of a refused, unroutable or unbindable IP socket
 SOCKET_ERRNOS = {errno.EAFNOSUPPORT, errno.EPERM, errno.EACCES, errno.EADDRNOTAVAIL, errno.ENETUNREACH,
                  errno.EPROTONOSUPPORT, errno.ESOCKTNOSUPPORT}  # fmt: skip
 GLOO_WORDS = ("Cannot resolve", "gloo", "127.0.0.1", "address")
 
 
+def _ip_sockets() -> str | None:
+    """None where an IP socket can be made here; else why not (the TPU machine: errno 97)."""
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 @contextlib.contextmanager
-def _file_init_method() -> Iterator[None]:
-    """Diagnostic only: UniProcExecutor's TCP port replaced by a file:// init method, to see the next wall."""
-    import tempfile
-
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
-    def args(self: Any) -> tuple[str, int, int]:
-        return f"file://{tempfile.mkstemp(prefix='vllm-init-')[1]}", 0, 0
-
-    with mock.patch.object(UniProcExecutor, "_distributed_args", args):
-        yield
+def _plain_launch() -> Iterator[dict[str, int]]:
+    yield {}
 
 
 def _socket_blocked(exc: BaseException) -> str | None:
@@ -82,11 +79,15 @@ def _last_vllm_frame(exc: BaseException) -> str:
 
 def test_vllm_llm_in_process_serves_smollm2_through_maxtext(tier, tmp_path_factory):
     from helpers import torchvision_placeholder
+    from helpers.socketless_launch import LAUNCH, socketless_launch
     from maxtext_compat import convert
     from maxtext_compat.serving.serve_inputs import read_maxtext_config
     from maxtext_compat.testing import real_model as rm
 
-    prompts = list(rm.PROMPTS if tier.tpu else rm.PROMPTS[:1])
+    # on the chip: every prompt of the seed, repeated to 8 requests at once over a prefix cache (a repeat's prompt is
+    # a cached prefix); a dry run on a CPU: one prompt
+    base = list(rm.PROMPTS if tier.tpu else rm.PROMPTS[:1])
+    prompts = (base * SEQS)[:SEQS] if tier.tpu else base
     new = NEW_TOKENS if tier.tpu else 4
     out = convert.convert(rm.smollm2_gguf(), tmp_path_factory.mktemp("smollm2-vllm") / "model").out
     maxtext = {**(read_maxtext_config(out) or {}), "max_target_length": MAX_LEN,
@@ -100,45 +101,28 @@ def test_vllm_llm_in_process_serves_smollm2_through_maxtext(tier, tmp_path_facto
         with mock.patch.dict(os.environ, env):
             from vllm import LLM, SamplingParams
 
-            attempts = [
-                ("in-process engine core", contextlib.nullcontext),
-                ("diagnostic: UniProcExecutor's port patched to a file:// init method", _file_init_method),
-            ]
-            for name, patch in attempts:
-                diagnostic = name.startswith("diagnostic")
-                try:
-                    with patch():
-                        llm = LLM(model=out, additional_config={"maxtext_config": maxtext}, max_model_len=MAX_LEN,
-                                  max_num_batched_tokens=MAX_LEN, max_num_seqs=4, tensor_parallel_size=1,
-                                  dtype=str(maxtext.get("dtype", "float32")))  # fmt: skip
-                        answers = llm.generate(prompts, SamplingParams(max_tokens=new, temperature=0))
-                except Exception as exc:  # recorded and judged below
-                    blocked = _socket_blocked(exc)
-                    report["attempts"].append(
-                        {
-                            "name": name,
-                            "error": f"{type(exc).__name__}: {exc}",
-                            "blocked_by": blocked,
-                            "traceback": traceback.format_exc()[-4000:],
-                        }
-                    )
-                    if blocked is None:
-                        break  # not the machine's sockets: nothing to diagnose, the test fails below
-                    continue  # fmt: skip
-                got = [list(a.outputs[0].token_ids) for a in answers]
-                want = [g[:new] for g in rm.hf_reference(rm.smollm2_gguf(), tier.cache).greedy[: len(prompts)]]
-                report["attempts"].append({"name": name, "served": got, "reference": want, "blocked_by": None})
-                if not diagnostic:
-                    tier.record("vllm-llm", report)
-                    assert got == want, f"vllm.LLM ({name}) served {got}, transformers {want}"
-                    return
-                break
+            blocked_here = _ip_sockets()
+            report["ip_sockets"] = blocked_here or "available"
+            launch = socketless_launch if blocked_here else _plain_launch
+            name = LAUNCH if blocked_here else "in-process engine core"
+            try:
+                with launch() as replaced:
+                    llm = LLM(model=out, additional_config={"maxtext_config": maxtext}, max_model_len=MAX_LEN,
+                              max_num_batched_tokens=MAX_LEN, max_num_seqs=SEQS, tensor_parallel_size=1,
+                              enable_prefix_caching=True, dtype=str(maxtext.get("dtype", "float32")))  # fmt: skip
+                    answers = llm.generate(prompts, SamplingParams(max_tokens=new, temperature=0))
+            except Exception as exc:
+                report["attempts"].append({"name": name, "error": f"{type(exc).__name__}: {exc}",
+                                           "blocked_by": _socket_blocked(exc),
+                                           "traceback": traceback.format_exc()[-4000:]})  # fmt: skip
+                raise
+            got = [list(a.outputs[0].token_ids) for a in answers]
+            greedy = rm.hf_reference(rm.smollm2_gguf(), tier.cache).greedy
+            want = [greedy[rm.PROMPTS.index(p)][:new] for p in prompts]
+            report["attempts"].append({"name": name, "replaced": dict(replaced), "served": got, "reference": want})
+            assert got == want, f"vllm.LLM ({name}) served {got}, transformers {want}"
+            if blocked_here:
+                assert replaced["init"] >= 1, f"{LAUNCH} was in but vLLM made no process group through it"
     finally:
         torchvision_placeholder.uninstall()
         tier.record("vllm-llm", report)
-    unknown = [a for a in report["attempts"] if a["blocked_by"] is None and "error" in a]
-    assert not unknown, "vllm.LLM failed for a reason other than the machine's sockets:\n" + "\n".join(
-        a["traceback"] for a in unknown
-    )
-    walls = [f"{a['name']}: {a['blocked_by'] or 'served ' + str(a.get('served'))}" for a in report["attempts"]]
-    pytest.xfail("vllm.LLM cannot run here (served by PagedEngine instead): " + json.dumps(walls))

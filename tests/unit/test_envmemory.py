@@ -138,16 +138,14 @@ def test_needs_gb_is_the_largest_state_the_gate_allows(envs, holder_index):
     assert gate.needs_gb(names, holder) == pytest.approx(_oracle_gb(names, peaks, light, holder))
 
 
-def _scripted_sampler(tmp_path, readings: list[float], mark_after: float) -> tuple[envmemory.PeakSampler, list[float]]:
+def _scripted_sampler(tmp_path, readings: list[float], mark_after: float) -> envmemory.PeakSampler:
     """A PeakSampler over `readings` (then 0.0 until it stops), the heavy phase's mark written during the reading
-    `mark_after`; with the floor each reading was given."""
+    `mark_after`."""
     mark = tmp_path / "env.heavy"
-    floors: list[float] = []
     values = iter(readings)
     done = threading.Event()
 
-    def reader(_pid: int, floor: float) -> float:
-        floors.append(floor)
+    def reader(_pid: int) -> float:
         value = next(values, None)
         if value == mark_after:
             mark.write_text("0.0\n")  # the heavy phase begins after this reading
@@ -158,11 +156,11 @@ def _scripted_sampler(tmp_path, readings: list[float], mark_after: float) -> tup
 
     with envmemory.PeakSampler(1, interval=0.001, reader=reader, heavy_mark=mark) as sampler:
         assert done.wait(HANG_GUARD_S)
-    return sampler, floors
+    return sampler
 
 
 def test_the_sampler_splits_the_peak_at_the_heavy_mark(tmp_path):
-    sampler, _ = _scripted_sampler(tmp_path, [2.0, 3.0, 9.0, 4.0], mark_after=3.0)
+    sampler = _scripted_sampler(tmp_path, [2.0, 3.0, 9.0, 4.0], mark_after=3.0)
     assert (sampler.light_peak_gb, sampler.peak_gb) == (3.0, 9.0)
 
 
@@ -249,11 +247,11 @@ def test_a_reading_uses_the_kernels_counters_and_counts_shared_pages_once(mocker
     assert private_gb * 0.9 <= reading <= rss_gb * 1.1
 
 
-def test_the_sampler_passes_the_peak_so_far_as_the_floor(tmp_path):
-    """The floor is the peak so far (the light peak equals it until the heavy phase's mark, and stays below it
-    after), and the peaks come out as the unbounded readings give them."""
-    sampler, floors = _scripted_sampler(tmp_path, [2.0, 5.0, 1.0, 3.0, 7.0, 6.0], mark_after=1.0)
-    assert floors[:6] == [0.0, 2.0, 5.0, 5.0, 5.0, 7.0] and (sampler.light_peak_gb, sampler.peak_gb) == (5.0, 7.0)
+def test_a_reading_below_the_peak_after_the_mark_changes_neither_peak(tmp_path):
+    """Before the heavy phase's mark both peaks follow the readings; after it only the overall peak moves, and a
+    lower reading moves neither."""
+    sampler = _scripted_sampler(tmp_path, [2.0, 5.0, 1.0, 3.0, 7.0, 6.0], mark_after=1.0)
+    assert (sampler.light_peak_gb, sampler.peak_gb) == (5.0, 7.0)
 
 
 def test_the_sampler_keeps_the_highest_reading():
@@ -261,7 +259,7 @@ def test_the_sampler_keeps_the_highest_reading():
     read_three = threading.Event()
     count = [0]
 
-    def reader(_pid: int, _floor: float) -> float:
+    def reader(_pid: int) -> float:
         count[0] += 1
         if count[0] >= 3:
             read_three.set()

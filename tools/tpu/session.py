@@ -20,6 +20,7 @@ STAGES = {  # in the order a stage runs them: what is worth most first
     "core": ("test_tier_kernel.py", "test_tier_layers.py", "test_tier_maxtext.py"),
     "model": ("test_tier_smollm2.py", "test_tier_vllm.py"),
     "gemma": ("test_tier_gemma3.py",),
+    "seed": ("test_tier_seed_sizes.py",),  # after tests/tpu/seed_size_run.py, one process per model (call.sh seed)
 }
 STAGES["all"] = STAGES["core"] + STAGES["model"] + STAGES["gemma"]
 

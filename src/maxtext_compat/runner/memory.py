@@ -66,12 +66,11 @@ def _statm(pid: int) -> tuple[int, int]:
     return int(fields[1]) * _PAGE, int(fields[2]) * _PAGE
 
 
-def tree_memory_gb(root: int, floor: float = 0.0) -> float:
+def tree_memory_gb(root: int) -> float:
     """Memory (GB) of process `root` and all its descendants (Linux /proc; 0.0 where unreadable): each process's
     private resident memory, plus the largest shared (file-backed) resident set once, which the processes of one
     environment mostly share (the same jaxlib, torch and vllm libraries). By parent links, not by session: the
-    serving tests start `vllm serve` in a session of its own. `floor` is accepted for the sampler's readers and
-    not needed: every figure is a counter the kernel keeps (stat, statm).
+    serving tests start `vllm serve` in a session of its own. Every figure is a counter the kernel keeps (stat, statm).
 
     Why not PSS: smaps_rollup walks a process's page tables holding its mmap lock, 0.19 s of CPU for a tree of
     JAX and vLLM processes (measured), and the process's own mmap calls wait meanwhile: JAX processes sampled
@@ -101,13 +100,13 @@ def tree_memory_gb(root: int, floor: float = 0.0) -> float:
 
 class PeakSampler:
     """Samples a process tree's memory (`tree_memory_gb`) every `interval` seconds in a thread; `.peak_gb` once
-    stopped. `reader(root, floor)`: the tree's memory, or any value <= floor when it is no more than floor."""
+    stopped. `reader(root)`: the tree's memory (GB)."""
 
     def __init__(
         self,
         root: int,
         interval: float = SAMPLE_INTERVAL_S,
-        reader: Callable[[int, float], float] = tree_memory_gb,
+        reader: Callable[[int], float] = tree_memory_gb,
         heavy_mark: Path | None = None,
     ) -> None:
         self.root, self.interval, self._reader, self._heavy_mark = root, interval, reader, heavy_mark
@@ -126,10 +125,9 @@ class PeakSampler:
 
     def _run(self) -> None:
         while True:
-            light = self._heavy_mark is None or not self._heavy_mark.exists()  # asked first: a sample after the
-            # mark appeared may already hold the heavy phase's memory. A reading at or below the peak changes
-            # neither peak (the light one equals it until the mark), so the reader may stop at its cheap bound there
-            now = self._reader(self.root, self.peak_gb)
+            # asked first: a sample after the mark appeared may already hold the heavy phase's memory
+            light = self._heavy_mark is None or not self._heavy_mark.exists()
+            now = self._reader(self.root)
             self.peak_gb = max(self.peak_gb, now)
             if light:
                 self.light_peak_gb = max(self.light_peak_gb, now)
