@@ -47,6 +47,17 @@ def parse_flag(
     )
 
 
+# Install shims outside the releases they were verified on (Shim.verified_for) where a program installs them for the
+# user: the vLLM plugin's shims in every process it loads into, and the served output head. Off: ShimRefusedError.
+FORCE_SHIMS_ENV = "MAXTEXT_COMPAT_FORCE_SHIMS"
+
+
+def force_shims(environ: Mapping[str, str] | None = None) -> bool:
+    """MAXTEXT_COMPAT_FORCE_SHIMS: `force=True` for the shims the vLLM plugin installs (a release newer than the
+    matrix knows, tried anyway)."""
+    return env_flag(FORCE_SHIMS_ENV, environ=environ)
+
+
 def env(name: str) -> str | None:
     """`os.environ.get(name)`: the one read of a switch, so a test can hold every caller to it."""
     return os.environ.get(name)

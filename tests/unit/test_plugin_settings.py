@@ -38,7 +38,7 @@ def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_registry_names_every_setting_the_serving_path_reads() -> None:
-    from maxtext_compat import platforms
+    from maxtext_compat import platforms, switches
     from maxtext_compat.convention import callers, policy
     from maxtext_compat.matrix.values import MATRIX_ENV_VAR
     from maxtext_compat.serving_fixes import request_defects as serving_requests
@@ -46,7 +46,7 @@ def test_the_registry_names_every_setting_the_serving_path_reads() -> None:
     names = set(settings.ENV_NAMES)
     readers = {callers.ENV, policy.POLICY_ENV, policy.STRICT_ENV, MATRIX_ENV_VAR, platforms.KERNEL_ENV,
                platforms.DISABLE_ENV, platforms.HBM_ENV, serving_requests.DISABLE_ENV, settings.MODEL_ENV,
-               "MAXTEXT_COMPAT_TRACED_KV_CHECKS"}  # fmt: skip
+               "MAXTEXT_COMPAT_TRACED_KV_CHECKS", switches.FORCE_SHIMS_ENV}  # fmt: skip
     assert names == readers and len(names) == len(settings.SETTINGS)
     for s in settings.SETTINGS:
         assert s.env == "MAXTEXT_COMPAT_" + s.key.upper() or s.key == "vllm_model"

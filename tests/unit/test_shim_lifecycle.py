@@ -269,3 +269,30 @@ def test_a_range_holds_dev_builds_of_its_release_line(monkeypatch, installed, ou
     monkeypatch.setattr(versions, "installed_version", lambda name: installed if name == "maxtext" else None)
     got = versions.unmet([names.MAXTEXT_RELEASES, "jax>=99"])  # jax "not installed": not checked
     assert got == ([(names.MAXTEXT_RELEASES, "maxtext", installed)] if outside else [])
+
+
+def test_the_plugin_installs_its_shims_forced_only_with_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM plugin's shims on a release outside their verified range: refused at start-up (the typed error), or
+    installed with MAXTEXT_COMPAT_FORCE_SHIMS=1, as force=True does in Python."""
+    from maxtext_compat.errors import ShimRefusedError
+    from maxtext_compat.serve.vllm_plugin import install_row_shims
+    from maxtext_compat.switches import FORCE_SHIMS_ENV
+
+    class Unverified(shims.Shim):
+        name = "test-plugin-unverified"
+        verified_for = ("pytest<1",)
+
+        def specs(self):
+            return []
+
+    monkeypatch.delenv(FORCE_SHIMS_ENV, raising=False)
+    try:
+        with pytest.raises(ShimRefusedError, match="pytest<1"):
+            install_row_shims([Unverified()])
+        assert not Unverified().status().active
+        monkeypatch.setenv(FORCE_SHIMS_ENV, "1")
+        statuses = install_row_shims([Unverified()])
+        assert statuses[Unverified.name].active and Unverified().status().active
+    finally:
+        Unverified().uninstall()
+        shims.unregister_profile(Unverified.name)

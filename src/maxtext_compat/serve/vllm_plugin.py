@@ -173,7 +173,7 @@ def _register(config: Any = None, role: str = "") -> PluginState:
         log.warning("maxtext_compat plugin: %s", reason)
         return PluginState(True, "compat", reason, shim_text, pid)
     runtime.set_current(rt)
-    statuses = {s.name: s.install() for s in _row_shims(rt)}
+    statuses = install_row_shims(_row_shims(rt))
     for name, st in statuses.items():
         log.info("maxtext_compat plugin: shim %r: %s", name, st.reason)
     rt.backend.prepare()
@@ -297,16 +297,25 @@ def _row_shims(rt: ServingRuntime) -> list[Any]:
     return needed
 
 
+def install_row_shims(shims: list[Any]) -> dict[str, Any]:
+    """Install each shim (a release outside one's verified range: ShimRefusedError, unless MAXTEXT_COMPAT_FORCE_SHIMS
+    forces it, as `force=True` does in Python); their statuses by name."""
+    from maxtext_compat.switches import force_shims
+
+    force = force_shims()
+    return {s.name: s.install(force=force) for s in shims}
+
+
 @dataclass(frozen=True)
 class _NamedProfile:
     """A profile a user's chooser picked that no shim object owns: installed by name."""
 
     name: str
 
-    def install(self) -> Any:
+    def install(self, *, force: bool = False) -> Any:
         from maxtext_compat.patching import profiles, shim
 
-        profiles.install(self.name)
+        profiles.install(self.name, force=force)
         return shim.status_of(self.name)
 
 

@@ -102,8 +102,11 @@ class OutputHeadShim(Shim):
 
 
 def install(import_root: str) -> None:
-    """Install the patch in this process (idempotent)."""
-    OutputHeadShim(import_root).install()
+    """Install the patch in this process (idempotent); outside its verified releases only with
+    MAXTEXT_COMPAT_FORCE_SHIMS=1 (else ShimRefusedError)."""
+    from maxtext_compat.switches import force_shims
+
+    OutputHeadShim(import_root).install(force=force_shims())
 
 
 def _value(variable: Any) -> Any:
