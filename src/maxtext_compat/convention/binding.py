@@ -10,6 +10,7 @@ typed error carries (translate.bind), so the refusals read as before.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import keyword
 from collections.abc import Callable
@@ -17,12 +18,25 @@ from typing import Any
 
 _UNSET = object()  # a parameter the caller did not pass
 _RESERVED = ("_mc_u", "_mc_d", "_mc_kv", "_mc_md", "_mc_old", "_mc_new")  # the generated function's own names
+# What a generated function depends on: each parameter's name, kind and whether it has a default (never the
+# default's value: every default is the sentinel). Shims build a rule per patched class on every install, so the
+# functions are compiled once per shape, not once per install (compile was a third of an install's time).
+_Shape = tuple[tuple[str, inspect._ParameterKind, bool], ...]
+
+
+def _shape(advertised: inspect.Signature) -> _Shape:
+    return tuple((p.name, p.kind, p.default is inspect.Parameter.empty) for p in advertised.parameters.values())
 
 
 def make_binder(advertised: inspect.Signature) -> Callable[..., dict[str, Any]] | None:
     """`binder(*args, **kwargs)` -> {name: value} of the parameters passed (a `**` parameter's contents merged);
     None for a signature it does not handle (positional-only or `*args` parameters: inspect binds those)."""
-    params = list(advertised.parameters.values())
+    return _binder(_shape(advertised))
+
+
+@functools.cache
+def _binder(shape: _Shape) -> Callable[..., dict[str, Any]] | None:
+    params = [_Param(name, kind, required) for name, kind, required in shape]
     P = inspect.Parameter
     if any(p.kind in (P.POSITIONAL_ONLY, P.VAR_POSITIONAL) for p in params):
         return None
@@ -39,7 +53,7 @@ def make_binder(advertised: inspect.Signature) -> Callable[..., dict[str, Any]] 
         if p.kind is P.KEYWORD_ONLY and not star:
             head.append("*")
             star = True
-        if p.default is P.empty:
+        if p.required:
             head.append(p.name)
             body.append(f"    _mc_d[{p.name!r}] = {p.name}")
         else:
@@ -47,8 +61,17 @@ def make_binder(advertised: inspect.Signature) -> Callable[..., dict[str, Any]] 
             body.append(f"    if {p.name} is not _mc_u:\n        _mc_d[{p.name!r}] = {p.name}")
     source = f"def bind({', '.join(head)}):\n    _mc_d = {{}}\n" + "\n".join(body) + "\n    return _mc_d\n"
     namespace: dict[str, Any] = {"_mc_u": _UNSET}
-    exec(compile(source, f"<maxtext_compat binder {advertised}>", "exec"), namespace)
+    exec(compile(source, f"<maxtext_compat binder ({', '.join(head)})>", "exec"), namespace)
     return namespace["bind"]  # type: ignore[no-any-return]
+
+
+class _Param:
+    """The parts of an inspect.Parameter a generated function depends on."""
+
+    __slots__ = ("kind", "name", "required")
+
+    def __init__(self, name: str, kind: inspect._ParameterKind, required: bool) -> None:
+        self.name, self.kind, self.required = name, kind, required
 
 
 OLD, NEW = "old", "new"
@@ -65,9 +88,16 @@ def make_fast_call(
     when every argument is the release's own (one it lacks may be passed as None: dropped); else None, and the
     Translator takes the call (a value to translate or refuse). None when a `**` parameter makes the answer
     depend on more than the names (the Translator then takes every call)."""
-    params = list(advertised.parameters.values())
+    return _fast_call(_shape(advertised), frozenset(native_names), tuple(new_params))  # type: ignore[arg-type]
+
+
+@functools.cache
+def _fast_call(
+    shape: _Shape, native_names: frozenset[str], new_params: tuple[str, str]
+) -> Callable[..., tuple[Any, ...] | None] | None:
+    params = [_Param(name, kind, required) for name, kind, required in shape]
     P = inspect.Parameter
-    if make_binder(advertised) is None or any(p.kind is P.VAR_KEYWORD for p in params):
+    if _binder(shape) is None or any(p.kind is P.VAR_KEYWORD for p in params):
         return None
     kv_name, md_name = new_params
     takes_kv = kv_name in native_names
@@ -78,16 +108,17 @@ def make_fast_call(
         if p.kind is P.KEYWORD_ONLY and not star:
             head.append("*")
             star = True
-        head.append(p.name if p.default is P.empty else f"{p.name}=_mc_u")
+        head.append(p.name if p.required else f"{p.name}=_mc_u")
         if p.name in new_params:
             continue
         if p.name not in native_names:  # the release lacks it: None is dropped, a value needs the translator
             body.append(f"    if {p.name} is not _mc_u and {p.name} is not None:\n        return None")
-        elif p.default is P.empty:
+        elif p.required:
             body.append(f"    _mc_d[{p.name!r}] = {p.name}")
         else:
             body.append(f"    if {p.name} is not _mc_u:\n        _mc_d[{p.name!r}] = {p.name}")
-    if kv_name in advertised.parameters and md_name in advertised.parameters:
+    names = {p.name for p in params}
+    if kv_name in names and md_name in names:
         new = ["    _mc_kv = None if {kv} is _mc_u else {kv}", "    _mc_md = None if {md} is _mc_u else {md}"]
         if takes_kv:
             new += ["    _mc_d[{kv!r}] = _mc_kv", "    _mc_d[{md!r}] = _mc_md"]
@@ -100,5 +131,5 @@ def make_fast_call(
     body.append("    return (_mc_old, _mc_d)")
     source = f"def fast_call({', '.join(head)}):\n" + "\n".join(body) + "\n"
     namespace: dict[str, Any] = {"_mc_u": _UNSET, "_mc_old": OLD, "_mc_new": NEW}
-    exec(compile(source, f"<maxtext_compat call {advertised}>", "exec"), namespace)
+    exec(compile(source, f"<maxtext_compat call ({', '.join(head)})>", "exec"), namespace)
     return namespace["fast_call"]  # type: ignore[no-any-return]
