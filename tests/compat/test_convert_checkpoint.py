@@ -20,7 +20,13 @@ from maxtext_compat.decode.greedy import greedy_decode  # noqa: E402
 from maxtext_compat.errors import InvalidArgumentError, WeightsMismatchError  # noqa: E402
 from maxtext_compat.testing import real_model as rm  # noqa: E402
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+# In the backport's environment make test-extended's: make test converts there through the trained checkpoint
+# (test_serve_trained_checkpoint) and runs this file on 0.2.5 (and its scanned case on 0.2.4).
+pytestmark = [
+    pytest.mark.needs_maxtext,
+    pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011"),
+    pytest.mark.extended_in("maxtext-0.1.0-jax011"),
+]
 
 MODEL_FILES = {"checkpoint", "config.json", "generation_config.json", "maxtext_config.json", "tokenizer.json",
                "tokenizer_config.json"}  # fmt: skip

@@ -116,6 +116,7 @@ ROUND_TRIP_PROMPTS = (
 ROUND_TRIP_FAMILIES = ("default", "qwen3")  # LlamaDecoderLayer; Qwen3DecoderLayer (attention through a helper)
 
 
+@pytest.mark.extended  # two runs of two families in the backport's environment (~5 min); the rewrite is checked above
 def test_the_migrated_package_under_the_shim_computes_what_the_original_computes(migrated, tmp_path):
     """Old and new calls, two families: logits and KV pages bit for bit (tolerance 0: same ops, same weights)."""
     import numpy as np

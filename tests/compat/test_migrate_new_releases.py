@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.4")]
+# make test-extended's (libcst over a whole release, ~3 min): tests/unit/test_migrate*.py hold the codemod's rules.
+pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.4"), pytest.mark.extended]
 
 pytest.importorskip("libcst")
 

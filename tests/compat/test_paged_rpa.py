@@ -14,7 +14,13 @@ import zlib
 import numpy as np
 import pytest
 
-from helpers.kernel_envs import REAL_KERNEL_ENVS, installed_attention_interface, installed_hd64_kernel, jax_below
+from helpers.kernel_envs import (
+    REAL_KERNEL_ENVS,
+    SWEEP_ELSEWHERE_EXTENDED,
+    installed_attention_interface,
+    installed_hd64_kernel,
+    jax_below,
+)
 from helpers.shipped import shipped_matrix
 
 pytestmark = pytest.mark.envs(*REAL_KERNEL_ENVS)
@@ -150,6 +156,7 @@ CONFIGS = {
 }
 
 
+@pytest.mark.extended_in(*SWEEP_ELSEWHERE_EXTENDED)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_configurations_mixed_batch(name):
     nq, nkv, hd, dtype, kw = CONFIGS[name]
@@ -190,6 +197,7 @@ def _kernel_takes(name):
 # -- tensor parallelism ---------------------------------------------------------------------------
 
 
+@pytest.mark.extended_in(*SWEEP_ELSEWHERE_EXTENDED)
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tensor_parallel_matches_tp1(tp):
     """2 KV heads: TP=2 splits them, TP=4 repeats each twice (as tpu-inference does)."""

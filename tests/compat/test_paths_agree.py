@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5")]
+# make test-extended's: make test holds the backport on 0.1.0 to 0.2.5's own path in test_backport_numerics.
+pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5"), pytest.mark.extended]
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")

@@ -18,7 +18,13 @@ np = pytest.importorskip("numpy")  # the unit environment has none (as every tes
 # marker, not skipped at import.
 from maxtext_compat.testing import real_model as rm  # noqa: E402
 
-pytestmark = [pytest.mark.needs_maxtext, pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")]
+# In the backport's environment make test-extended's: make test holds 0.1.0 through the backport to 0.2.5's own path
+# (test_backport_numerics) and serves SmolLM2's tokens there (test_backport_backend_serving).
+pytestmark = [
+    pytest.mark.needs_maxtext,
+    pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011"),
+    pytest.mark.extended_in("maxtext-0.1.0-jax011"),
+]
 
 
 LOGITS_TOLERANCE = 2e-3  # float32, two implementations, 30 layers

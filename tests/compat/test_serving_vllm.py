@@ -179,6 +179,7 @@ def no_rpa_shim(workdir: Path) -> Iterator[Server]:
 
 
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.1.0-jax011")
+@pytest.mark.extended_in("maxtext-0.2.4")  # 0.2.4's one server in make test: MaxText's shipped adapter, below
 class TestCompatModelTP1:
     """maxtext-compat's MaxTextForCausalLM, engine core in its own process (vLLM's default)."""
 
@@ -260,6 +261,7 @@ class TestMaxTextOwnAdapter:
 
 
 @pytest.mark.envs("maxtext-0.2.4")  # the CPU shim is release-independent: one env proves it (the lighter one)
+@pytest.mark.extended  # a third server start; every server of make test runs through the shim
 class TestWithoutCpuRpaShim:
     """A server with the RPA part of the CPU shim switched off starts (random weights) and fails loudly
     on the first request: the plugin's shim is what makes the kernel run on CPU."""

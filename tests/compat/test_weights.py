@@ -164,6 +164,7 @@ def test_unscan_params_of_a_real_scanned_model_gives_the_same_logits():
 
 
 @pytest.mark.envs("maxtext-0.1.0")
+@pytest.mark.extended  # a 7-layer Gemma 3 compiled twice (~2.5 min); the llama blocks above run in make test
 def test_unscan_params_of_gemma3_blocks_and_remainder():
     """7 layers scanned: one block of 6 (block axis at param_scan_axis) + layers_remainder/layers_0 -> layers_6."""
     cfg_s, mesh_s, scanned = _model("gemma3", scan=True, base_num_decoder_layers=7)
@@ -176,6 +177,7 @@ def test_unscan_params_of_gemma3_blocks_and_remainder():
     assert float(np.max(np.abs(ours - theirs))) <= 1e-5
 
 
+@pytest.mark.extended_in("maxtext-0.2.5")  # one direction in make test: maxtext-0.1.0's, through 0.2.5
 def test_round_trip_through_another_release(saved):
     """Weights -> the partner release (loaded, dense logits, exported) -> back here: bit for bit."""
     _, _, model, _, back, pending = saved

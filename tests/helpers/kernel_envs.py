@@ -12,6 +12,14 @@ REAL_KERNEL_ENVS: tuple[str, ...] = (
     "maxtext-0.2.1",
     *(name for name, spec in ci_matrix().environments.items() if _KERNEL_TESTS in spec.tests),
 )
+# Where make test runs the kernel's whole sweep (every configuration, TP): the first and last form of each kernel
+# generation (0.11's curried call, 0.19's flat one, 0.25 on Python 3.11, 0.32 on jax 0.12). Everywhere else make test
+# calls the kernel through the range's own form on every batch shape (one configuration) and checks its refusals;
+# the sweep there is make test-extended's.
+SWEEP_ENVS: tuple[str, ...] = (
+    "tpu-inference-0.11.1", "maxtext-0.2.1", "tpu-inference-0.25.0", "tpu-inference-0.32.0-jax012",
+)  # fmt: skip
+SWEEP_ELSEWHERE_EXTENDED = tuple(name for name in REAL_KERNEL_ENVS if name not in SWEEP_ENVS)
 
 
 # -- facts read from the installed tpu-inference itself (independent of the code under test) ----------
