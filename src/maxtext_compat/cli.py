@@ -146,7 +146,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from maxtext_compat.runner import running
 
     ws = _workspace(args)
-    selected = _environment_names(ws, args.names) or list(ws.matrix.environments)
+    selected = _environment_names(ws, args.names) or running.plain_run(ws.matrix, lambda m: print(m, file=sys.stderr))
     if args.maxtext is not None:  # the user's own MaxText in place of the set's
         from maxtext_compat.runner import workspace
 

@@ -244,3 +244,29 @@ def test_the_extended_reader_sees_each_way_a_module_names_environments():
     )
     assert _extended_envs(source) == {"maxtext-0.2.4", "maxtext-0.2.0", "maxtext-0.1.0", "maxtext-0.2.2"}
     assert _extended_envs(source.replace("@pytest.mark.extended\n", "")) == {"maxtext-0.1.0"}
+
+
+def test_an_environment_marked_extended_is_left_out_of_a_plain_run_by_name_and_make_test_extended_runs_it():
+    """`extended: true` in tests/environments.yaml: a plain `matrix` run (make test) leaves it out and says which; with
+    MAXTEXT_COMPAT_EXTENDED=1 or named it runs; make test-extended names each in a line that runs it whole."""
+    import re
+
+    from maxtext_compat.matrix import load_matrix, with_environments
+    from maxtext_compat.runner.running import EXTENDED_VAR, plain_run
+
+    m = with_environments(load_matrix(REPO / "compat_matrix.yaml"), REPO / "tests" / "environments.yaml")
+    marked = [name for name, spec in m.environments.items() if spec.extended]
+    assert marked, "no environment is marked extended: this test would hold nothing"
+    said: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(EXTENDED_VAR, raising=False)
+        plain = plain_run(m, said.append)
+        mp.setenv(EXTENDED_VAR, "1")
+        every = plain_run(m, said.append)
+    assert plain == [n for n in m.environments if n not in marked] and every == list(m.environments)
+    assert len(said) == 1 and all(name in said[0] for name in marked) and EXTENDED_VAR in said[0]
+    recipe = re.search(r"^test-extended:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), flags=re.M)
+    assert recipe
+    whole = [c for c in re.split(r"(?<!\\)\n", recipe.group(1)) if "-m extended" not in c and "-k" not in c]
+    for name in marked:
+        assert any(re.search(rf"\b{re.escape(name)}\b", c) and f"{EXTENDED_VAR}=1" in c for c in whole), name

@@ -80,6 +80,9 @@ class EnvironmentSpec:
     exclude_newer: FreeText | None = None
     env: Mapping[str, FreeText] = field(default_factory=dict)
     serving: bool = False
+    # Left out of a plain `matrix` run (make test): it runs in make test-extended (MAXTEXT_COMPAT_EXTENDED=1) and
+    # whenever it is named.
+    extended: bool = False
     tests: Annotated[tuple[str, ...], Yaml(read=read_test_files)] = ()  # test files it runs (empty: the whole suite)
     # Another environment whose pins this one takes, with its own MaxText release pinned instead.
     like: Annotated[str | None, Yaml(later=True)] = None
@@ -125,7 +128,7 @@ class EnvironmentSpec:
 
 
 # What only an environment of this repository's CI may say: a pin set is an install, not a test plan.
-CI_ONLY_KEYS = frozenset({"pins", "extra_no_deps", "serving", "tests"})
+CI_ONLY_KEYS = frozenset({"pins", "extra_no_deps", "serving", "tests", "extended"})
 # What an environment that says `pins:` takes from its set and may not say again (so the CI installs what users get).
 PIN_SET_KEYS = (
     "like", "maxtext", "python", "requirements", "no_deps", "overrides", "exclude_newer", "wheels_for_python", "env",

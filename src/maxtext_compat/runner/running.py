@@ -68,6 +68,7 @@ ENV_NAME_VAR = "MAXTEXT_COMPAT_ENV"
 # start first, so workers finish together (the same idea as pytest-split's committed .test_durations file).
 DURATIONS_FILE = "tests/env_durations.json"
 TIMEOUT_VAR = "MAXTEXT_COMPAT_ENV_TIMEOUT"
+EXTENDED_VAR = "MAXTEXT_COMPAT_EXTENDED"  # 1: a plain run takes the environments marked `extended: true` too
 # Generous: the recorded times come from one machine, and a slower or busier one must not read as a hang.
 TIMEOUT_FACTOR, MIN_TIMEOUT_S, DEFAULT_TIMEOUT_S = 4.0, 1800.0, 3600.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it a value is a typo (inf would mean no timeout at all)
@@ -300,7 +301,7 @@ def run_matrix(
     m = matrix if matrix is not None else ws.matrix
     out_dir = report_dir if report_dir is not None else ws.state
     out_dir.mkdir(parents=True, exist_ok=True)
-    selected = list(names) if names else list(m.environments)
+    selected = list(names) if names else plain_run(m, log)
     cold = {name: cache_is_cold(name, m) for name in selected}  # before any runs: each records the case it was
     peaks = recorded_peaks(ws.memory_file) if ws.memory_file is not None else {}
     light = gated(peaks, recorded_peaks(light_memory_file(ws.memory_file))) if ws.memory_file is not None else {}
@@ -333,6 +334,20 @@ def run_matrix(
     about = {"project": ws.project_name, "selected": selected, **(run or {})}
     write_reports(results, m, out_dir, claims=ws.is_checkout, run=about)
     return results
+
+
+def plain_run(matrix: CompatMatrix, log: Callable[[str], None] = print) -> list[str]:
+    """The environments a run that names none runs: all but those marked `extended: true`, which run with
+    MAXTEXT_COMPAT_EXTENDED=1 (make test-extended) or when named. Says which it left out."""
+    from maxtext_compat.switches import env_flag
+
+    every = list(matrix.environments)
+    if env_flag(EXTENDED_VAR):
+        return every
+    left = [name for name in every if matrix.environments[name].extended]
+    if left:
+        log(f"[matrix] left out (extended: {EXTENDED_VAR}=1 or name them to run them): {', '.join(left)}")
+    return [name for name in every if name not in left]
 
 
 def shard_durations(ws: Workspace) -> dict[str, float]:
