@@ -86,10 +86,10 @@ DEEP := MAXTEXT_COMPAT_RELIABILITY_CYCLES=10000 MAXTEXT_COMPAT_FUZZ_EXAMPLES=100
 test-extended: envs
 	MAXTEXT_COMPAT_EXTENDED=1 PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build \
 	  maxtext-0.2.5 maxtext-0.2.4 maxtext-0.2.3 maxtext-0.2.2 maxtext-0.2.1 maxtext-0.2.0 maxtext-0.1.0 \
-	  maxtext-0.1.0-jax011 unit tpu-inference-0.12.0 tpu-inference-0.21.0 tpu-inference-0.22.1 tpu-inference-0.27.0 \
-	  tpu-inference-0.29.0 --pytest-args -m extended
+	  maxtext-0.1.0-jax011 unit tpu-inference-0.12.0 --pytest-args -m extended
 	MAXTEXT_COMPAT_EXTENDED=1 PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3 \
-	  tpu-inference-0.13.3 tpu-inference-0.20.0 tpu-inference-0.23.0 tpu-inference-0.26.0 tpu-inference-0.30.0
+	  tpu-inference-0.13.3 tpu-inference-0.20.0 tpu-inference-0.21.0 tpu-inference-0.22.1 tpu-inference-0.23.0 \
+	  tpu-inference-0.26.0 tpu-inference-0.27.0 tpu-inference-0.29.0 tpu-inference-0.30.0
 	$(DEEP) PATH="$(dir $(UV)):$$PATH" $(MC) matrix --no-build --jobs 3 unit maxtext-0.2.5 maxtext-0.2.4 \
 	  maxtext-0.2.3 maxtext-0.2.2 maxtext-0.1.0 maxtext-0.1.0-jax011 \
 	  --pytest-args -k "fuzzed_documents or real_profile_churns"

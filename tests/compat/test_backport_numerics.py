@@ -136,7 +136,7 @@ def tp_runs(shim, tmp_path_factory):
     return one, four
 
 
-@pytest.mark.extended_in("maxtext-0.1.0-jax011")  # make test: TP=4 on 0.2.5 and the backport served at TP=2
+@pytest.mark.extended  # make test: TP=2 served through the backport, TP 1/2/4 of the kernel in its sweep
 def test_tp4_equals_tp1(tp_runs):
     one, four = tp_runs
     assert one.paged.layout.tp == 1 and four.paged.layout.tp == 4

@@ -32,11 +32,12 @@ MODEL_FILES = {"checkpoint", "config.json", "generation_config.json", "maxtext_c
                "tokenizer_config.json"}  # fmt: skip
 
 
-# The scanned checkpoint runs in maxtext-0.2.4 (maxtext-0.2.5's pins, a lighter suite; 0.2.x loads it alike):
+# The scanned checkpoint runs in maxtext-0.2.4, in make test-extended (maxtext-0.2.5's pins; 0.2.x loads it alike;
+# make test holds the unscanning through the trained checkpoint, test_serve_trained_checkpoint):
 # the unscanned one is the session's conversion that maxtext-0.2.5's and the backport's servers read anyway.
 @pytest.fixture(
     scope="module",
-    params=[False, pytest.param(True, marks=pytest.mark.envs("maxtext-0.2.4"))],
+    params=[False, pytest.param(True, marks=[pytest.mark.envs("maxtext-0.2.4"), pytest.mark.extended])],
     ids=["unscanned", "scanned"],
 )
 def converted(request, tmp_path_factory):

@@ -20,7 +20,8 @@ import pytest
 
 from helpers.maxtext_trees import edit_attention_call, git_commit, source_tree_from_wheel, wheel_from_record
 
-pytestmark = pytest.mark.envs("maxtext-0.2.4", "maxtext-0.2.5-full")
+# make test: the 0.2.5 tree and its forks (maxtext-0.2.5-full); 0.2.4's tree is make test-extended's
+pytestmark = [pytest.mark.envs("maxtext-0.2.4", "maxtext-0.2.5-full"), pytest.mark.extended_in("maxtext-0.2.4")]
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = str(REPO / "src")

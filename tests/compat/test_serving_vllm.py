@@ -179,7 +179,9 @@ def no_rpa_shim(workdir: Path) -> Iterator[Server]:
 
 
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.2.4", "maxtext-0.1.0-jax011")
-@pytest.mark.extended_in("maxtext-0.2.4")  # 0.2.4's one server in make test: MaxText's shipped adapter, below
+# make test: 0.2.5's server (the real kernel, interpreted); 0.2.4 serves MaxText's shipped adapter, the backport
+# serves through test_backport_backend_serving
+@pytest.mark.extended_in("maxtext-0.2.4", "maxtext-0.1.0-jax011")
 class TestCompatModelTP1:
     """maxtext-compat's MaxTextForCausalLM, engine core in its own process (vLLM's default)."""
 
@@ -229,9 +231,7 @@ class TestKvReturnReleaseTP1:
 
 
 @pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011")
-@pytest.mark.extended_in(
-    "maxtext-0.1.0-jax011"
-)  # the backport's TP=2 server: test_backport_backend_serving's [2] in make test
+@pytest.mark.extended  # make test serves at TP=2 through the backport (test_backport_backend_serving's [2])
 class TestCompatModelTP2:
     """Same model over 2 virtual CPU devices: KV heads padded 1 -> 2, cache sharded on 'model'."""
 

@@ -41,7 +41,7 @@ from maxtext_compat.switches import env_count
 # Pure-Python logic, independent of the environment: run once per matrix run (the unit env).
 pytestmark = pytest.mark.envs("unit")
 
-EXAMPLES = env_count("MAXTEXT_COMPAT_FUZZ_EXAMPLES", default=2_500, maximum=1_000_000)  # make test-extended: 10,000
+EXAMPLES = env_count("MAXTEXT_COMPAT_FUZZ_EXAMPLES", default=1_000, maximum=1_000_000)  # make test-extended: 10,000
 PATH = "fuzz/compat_matrix.yaml"
 PWNED = Path("/tmp/maxtext-compat-fuzz-pwned")
 REAL = yaml.safe_load((Path(__file__).resolve().parents[2] / "compat_matrix.yaml").read_text())
