@@ -25,14 +25,15 @@ from helpers.smollm2_server import serve  # noqa: E402
 from helpers.vllm_server import token_ids  # noqa: E402
 from maxtext_compat.testing import real_model as rm  # noqa: E402
 
-# The backport's run is make test-extended's (make test's heavy phases run one at a time, and this one held the
-# others back); make test serves 0.1.0 through the backport in test_serving_vllm, test_backport_backend_serving and
-# test_serve_trained_checkpoint.
+# make test-extended's: a server and transformers' reference of its own (~9 min of a loaded 2-core machine, cold), the
+# longest of make test's heavy phases. make test serves 0.2.5 (test_serving_vllm: MaxText's dense decode's tokens)
+# and 0.1.0 through the backport (test_backport_backend_serving, test_serve_trained_checkpoint); the request shim's
+# rules are tests/unit/test_serving_requests.py's.
 pytestmark = [
     pytest.mark.needs_maxtext,
     pytest.mark.slow,
     pytest.mark.envs("maxtext-0.2.5", "maxtext-0.1.0-jax011"),
-    pytest.mark.extended_in("maxtext-0.1.0-jax011"),
+    pytest.mark.extended,
 ]
 
 MAX_LEN = 128  # the chat template's system prompt alone is 30 tokens

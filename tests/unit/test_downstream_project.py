@@ -152,6 +152,7 @@ def single_run(downstream):
     return json.loads((project / ".maxtext-compat" / "compat-report.json").read_text(encoding="utf-8")), out
 
 
+@pytest.mark.extended  # a project's tests run through `matrix --maxtext` in make test: test_own_maxtext_project
 def test_the_matrix_runs_the_projects_tests_on_both_releases(downstream, single_run):
     """README recipe 3 (its closing line counts its one test file; the project has two more tests per release)."""
     project, _, _, _ = downstream
