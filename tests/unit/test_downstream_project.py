@@ -257,6 +257,7 @@ def test_the_shipped_workflows_shards_merge_into_the_single_machine_report(downs
         assert (tmp_path / "report" / "junit" / f"{name}.xml").is_file()
 
 
+@pytest.mark.extended  # it reads the matrix run above (make test-extended's)
 def test_pins_then_plain_uv_installs_what_the_matrix_built(downstream, single_run, tmp_path):
     """`maxtext-compat pins 0.1.0 --format commands`, run as a user would, then the wheel and the project: the same
     packages at the same versions as the matrix's environment of that set."""
