@@ -20,10 +20,8 @@ SWEEP_ENVS: tuple[str, ...] = (
     "tpu-inference-0.11.1", "maxtext-0.2.1", "tpu-inference-0.25.0", "tpu-inference-0.32.0-jax012",
 )  # fmt: skip
 # (an environment make test leaves out whole, `extended: true`, runs everything in make test-extended)
-SWEEP_ELSEWHERE_EXTENDED = tuple(
-    name for name in REAL_KERNEL_ENVS
-    if name not in SWEEP_ENVS and not (name in ci_matrix().environments and ci_matrix().environments[name].extended)
-)  # fmt: skip
+_EXTENDED_WHOLE = {name for name, spec in ci_matrix().environments.items() if spec.extended}
+SWEEP_ELSEWHERE_EXTENDED = tuple(name for name in REAL_KERNEL_ENVS if name not in {*SWEEP_ENVS, *_EXTENDED_WHOLE})
 
 
 # -- facts read from the installed tpu-inference itself (independent of the code under test) ----------

@@ -26,10 +26,6 @@ class NotWorldSizeOneError(RuntimeError):
     """The launch was asked for a process group of more than one process: only world size 1 is a no-op."""
 
 
-def _port(*_: Any, **__: Any) -> int:
-    return 0  # the worker never uses it (a file:// init method); 0 is never a listening port
-
-
 @contextlib.contextmanager
 def socketless_launch() -> Iterator[dict[str, int]]:
     """While in: gloo groups of one process are `fake` ones and vLLM's open-port lookup answers 0. Yields counts
@@ -56,9 +52,9 @@ def socketless_launch() -> Iterator[dict[str, int]]:
             counts["groups"] += 1
         return new_group(*args, **kw)
 
-    def port(*a: Any, **k: Any) -> int:
+    def port(*_: Any, **__: Any) -> int:
         counts["ports"] += 1
-        return _port(*a, **k)
+        return 0  # the worker never uses it (a file:// init method); 0 is never a listening port
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.dict(os.environ, ENV))
